@@ -1,0 +1,210 @@
+"""One settings file, driven by the environment.
+
+Every knob the SPEC names is read from an environment variable of the same name through a
+validating helper, so a typo such as ``DELEGATION_MAX_DEPTH=three`` stops the process at start
+with a message naming the variable instead of surfacing later as a wrong cap.
+"""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_str(name, default=""):
+    return os.environ.get(name, default)
+
+
+def env_int(name, default, minimum=None):
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def env_float(name, default, minimum=None):
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def env_bool(name, default):
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean (true/false), got {raw!r}")
+
+
+def env_list(name, default):
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = env_str("SECRET_KEY", "canopy-insecure-development-key-change-me")
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "ninja",
+    "delegation",
+    "dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "dashboard.urls"
+ASGI_APPLICATION = "dashboard.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Storage -------------------------------------------------------------------------------
+
+DATA_DIR = Path(env_str("CANOPY_DATA_DIR", str(BASE_DIR / "var")))
+DATABASE_URL = env_str("DATABASE_URL", "")
+
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # An explicit test database name lets a live-server test and the suite agree on it.
+        DATABASES["default"]["TEST"] = {
+            "NAME": env_str("TEST_DATABASE_NAME", "canopy_test"),
+        }
+else:
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "canopy.sqlite3",
+            "OPTIONS": {
+                # WAL lets readers (dashboard, REST) proceed while a runner appends events;
+                # IMMEDIATE transactions take the write lock up front, so two writers queue
+                # on busy_timeout instead of failing with "database is locked" on upgrade.
+                "init_command": (
+                    "PRAGMA journal_mode=WAL;PRAGMA synchronous=NORMAL;PRAGMA busy_timeout=20000;"
+                ),
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+            },
+            # A file database for tests too: live-server and browser tests share it across
+            # threads and processes, which an in-memory SQLite database cannot do.
+            "TEST": {"NAME": str(DATA_DIR / f"canopy-test-{os.getpid()}.sqlite3")},
+        }
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_str("REDIS_URL", "")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {
+                "hosts": [REDIS_URL],
+                # Live delivery is a doorbell: a dropped message only delays a client until
+                # its next catch-up from the database, so a generous capacity is enough.
+                "capacity": env_int("CHANNEL_CAPACITY", 1000, minimum=10),
+                "expiry": 30,
+            },
+        }
+    }
+else:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "CONFIG": {"capacity": env_int("CHANNEL_CAPACITY", 1000, minimum=10)},
+        }
+    }
+
+# --- Delegation rules (SPEC §3-§6) ----------------------------------------------------------
+
+DELEGATION_MAX_DEPTH = env_int("DELEGATION_MAX_DEPTH", 3, minimum=0)
+DELEGATION_MAX_CONCURRENT = env_int("DELEGATION_MAX_CONCURRENT", 8, minimum=1)
+DELEGATION_MAX_CHILDREN = env_int("DELEGATION_MAX_CHILDREN", 64, minimum=1)
+LEASE_TTL_SECONDS = env_int("LEASE_TTL_SECONDS", 3600, minimum=1)
+RUNNER_GRACE_SECONDS = env_float("RUNNER_GRACE_SECONDS", 30.0, minimum=0)
+CHILD_READ_PAGE = env_int("CHILD_READ_PAGE", 128, minimum=1)
+LEASE_RELEASE_WAIT_SECONDS = env_float("LEASE_RELEASE_WAIT_SECONDS", 5.0, minimum=0)
+# How often the runner consumer resends unanswered commands and sweeps expired leases.
+OUTBOX_RESEND_SECONDS = env_float("OUTBOX_RESEND_SECONDS", 5.0, minimum=0.05)
+MAINTENANCE_INTERVAL_SECONDS = env_float("MAINTENANCE_INTERVAL_SECONDS", 1.0, minimum=0.05)
+# 0 keeps every event forever; otherwise events of finished runs older than this are purged
+# by `manage.py purge_events`.
+EVENT_RETENTION_DAYS = env_int("EVENT_RETENTION_DAYS", 0, minimum=0)
+UPKEEP_IN_PROCESS = env_bool("UPKEEP_IN_PROCESS", True)
+LIVE_HEARTBEAT_SECONDS = env_float("LIVE_HEARTBEAT_SECONDS", 10.0, minimum=0.05)
+
+# --- The rest -------------------------------------------------------------------------------
+
+AUTH_PASSWORD_VALIDATORS = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "staticfiles"
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "trees"
+LOGOUT_REDIRECT_URL = "login"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "WARNING")},
+}

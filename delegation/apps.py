@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class DelegationConfig(AppConfig):
+    name = "delegation"
+    verbose_name = "Delegation engine"

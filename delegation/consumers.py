@@ -1,0 +1,297 @@
+"""The runner WebSocket (SPEC §5): JSON-RPC 2.0 frames in, service calls, answers out.
+
+Thin on purpose: it authenticates the handshake, decodes frames strictly, routes each method
+to its service function and sends server-to-runner commands from the outbox. All rules live
+in ``delegation.services``. Frames are handled one at a time in arrival order, which is what
+makes ``run.event`` numbering meaningful; only the wait of ``child.lease.release`` runs aside,
+because the children it waits for finish through frames on this very connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from delegation import depth as depthlib
+from delegation import notify, services, upkeep
+from delegation.errors import (
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    NOT_REGISTERED,
+    RELEASE_UNCONFIRMED,
+    STALE_CONNECTION,
+    RpcError,
+)
+from delegation.wire import MAX_FRAME_BYTES, dumps, loads_strict
+
+log = logging.getLogger(__name__)
+
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_FENCED = 4409
+
+# method -> service function taking (connection, params) and returning the JSON result.
+HANDLERS = {
+    "run.open": services.open_run,
+    "run.event": services.append_events,
+    "run.finish": services.finish_run,
+    "tool.end": services.end_tool,
+    "child.start": services.child_start,
+    "child.read": services.child_read,
+    "child.cancel": services.child_cancel,
+    "child.steer": services.child_steer,
+}
+METHODS = frozenset(HANDLERS) | {"runner.register", "child.lease.release"}
+ENVELOPE_KEYS = frozenset({"jsonrpc", "method", "params", "id"})
+RESPONSE_KEYS = frozenset({"jsonrpc", "result", "error", "id"})
+
+
+def _header(scope, name: str) -> str | None:
+    wanted = name.lower().encode("latin-1")
+    for key, value in scope.get("headers", []):
+        if key.lower() == wanted:
+            return value.decode("latin-1")
+    return None
+
+
+def _bearer(scope) -> str:
+    value = _header(scope, "authorization") or ""
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def _valid_rpc_id(value) -> bool:
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+class RunnerConsumer(AsyncWebsocketConsumer):
+    async def connect(self):
+        upkeep.ensure_started()
+        self.conn = None
+        self.runner_group = None
+        self.fenced = False
+        self.outbox_lock = asyncio.Lock()
+        self.background: set[asyncio.Task] = set()
+        runner = await database_sync_to_async(services.authenticate_runner)(_bearer(self.scope))
+        await self.accept()
+        if runner is None:
+            await self.close(code=CLOSE_UNAUTHORIZED)
+            return
+        self.conn = services.Connection(
+            runner_pk=runner.pk,
+            declared_depth=depthlib.parse(_header(self.scope, depthlib.HEADER) or ""),
+            channel_name=self.channel_name,
+        )
+        self._spawn(self._keep_outbox_flowing())
+
+    async def disconnect(self, code):
+        for task in list(self.background):
+            task.cancel()
+        if self.runner_group:
+            await self.channel_layer.group_discard(self.runner_group, self.channel_name)
+        if self.conn is not None and self.conn.generation:
+            await database_sync_to_async(services.runner_disconnected)(self.conn)
+
+    # --- frames in ----------------------------------------------------------------------
+
+    async def receive(self, text_data=None, bytes_data=None):
+        if self.conn is None:
+            return
+        if text_data is None:
+            await self._reply_error(None, RpcError(INVALID_REQUEST, "binary frames are refused"))
+            return
+        if len(text_data) > MAX_FRAME_BYTES or len(text_data.encode("utf-8")) > MAX_FRAME_BYTES:
+            await self._reply_error(
+                None, RpcError(INVALID_REQUEST, f"frame too large (max {MAX_FRAME_BYTES} bytes)")
+            )
+            return
+        try:
+            frame = loads_strict(text_data)
+        except RpcError as exc:
+            await self._reply_error(None, exc)
+            return
+        if isinstance(frame, list):
+            await self._reply_error(None, RpcError(INVALID_REQUEST, "batches are refused"))
+            return
+        if not isinstance(frame, dict) or frame.get("jsonrpc") != "2.0":
+            await self._reply_error(
+                None, RpcError(INVALID_REQUEST, "not a JSON-RPC 2.0 object (jsonrpc must be '2.0')")
+            )
+            return
+        if "method" not in frame and "id" in frame and ("result" in frame or "error" in frame):
+            await self._on_answer(frame)
+            return
+        await self._on_request(frame)
+
+    async def _on_request(self, frame: dict):
+        rpc_id = frame.get("id")
+        has_id = "id" in frame
+        unknown = set(frame) - ENVELOPE_KEYS
+        if unknown:
+            await self._reply_error(
+                rpc_id if _valid_rpc_id(rpc_id) else None,
+                RpcError(
+                    INVALID_REQUEST, f"unknown envelope field(s): {', '.join(sorted(unknown))}"
+                ),
+            )
+            return
+        if has_id and not _valid_rpc_id(rpc_id):
+            await self._reply_error(
+                None, RpcError(INVALID_REQUEST, "id must be a string or integer")
+            )
+            return
+        method = frame.get("method")
+        if not isinstance(method, str):
+            await self._reply_error(rpc_id, RpcError(INVALID_REQUEST, "method must be a string"))
+            return
+        if method not in METHODS:
+            await self._reply_error(
+                rpc_id, RpcError(METHOD_NOT_FOUND, f"unknown method {method!r}")
+            )
+            return
+        params = frame.get("params", {})
+        try:
+            if method == "runner.register":
+                result = await self._register(params)
+            elif not self.conn.generation:
+                raise RpcError(
+                    NOT_REGISTERED, "not registered: the first call must be runner.register"
+                )
+            elif method == "child.lease.release":
+                await self._release(rpc_id, params)
+                return
+            else:
+                result = await database_sync_to_async(HANDLERS[method])(self.conn, params)
+        except RpcError as exc:
+            await self._reply_error(rpc_id if has_id else None, exc, notify_only=not has_id)
+            if exc.code == STALE_CONNECTION:
+                await self.close(code=CLOSE_FENCED)
+            return
+        except Exception:
+            log.exception("runner method %s failed", method)
+            await self._reply_error(rpc_id, RpcError(INTERNAL_ERROR, "internal error"))
+            return
+        if has_id:
+            await self._send({"jsonrpc": "2.0", "id": rpc_id, "result": result})
+        if method in ("run.open", "child.start", "child.cancel", "child.steer"):
+            # child.start queued a child.execute; cancel and steer queued commands too.
+            await self._flush_outbox()
+
+    async def _register(self, params):
+        result, generation, fenced = await database_sync_to_async(services.register)(
+            self.conn, params
+        )
+        self.conn = services.Connection(
+            runner_pk=self.conn.runner_pk,
+            generation=generation,
+            declared_depth=self.conn.declared_depth,
+            channel_name=self.channel_name,
+        )
+        if self.runner_group is None:
+            self.runner_group = notify.runner_group(self.conn.runner_pk)
+            await self.channel_layer.group_add(self.runner_group, self.channel_name)
+        if fenced:
+            await self.channel_layer.send(fenced, {"type": "runner.fenced"})
+        # Answer first, then redeliver what the runner has not acknowledged.
+        self._spawn(self._flush_outbox())
+        return result
+
+    async def _release(self, rpc_id, params):
+        lease_pk, pending = await database_sync_to_async(services.child_lease_release)(
+            self.conn, params
+        )
+        await self._flush_outbox()
+        if not pending:
+            await self._send({"jsonrpc": "2.0", "id": rpc_id, "result": {"done": True}})
+            return
+        self._spawn(self._await_release(rpc_id, lease_pk))
+
+    async def _await_release(self, rpc_id, lease_pk):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + settings.LEASE_RELEASE_WAIT_SECONDS
+        while True:
+            pending = await database_sync_to_async(services.lease_pending)(lease_pk)
+            if not pending:
+                await self._send({"jsonrpc": "2.0", "id": rpc_id, "result": {"done": True}})
+                return
+            if loop.time() >= deadline:
+                error = RpcError(
+                    RELEASE_UNCONFIRMED,
+                    "cleanup is not yet confirmed; retry release",
+                    data={"pending": pending},
+                )
+                await self._reply_error(rpc_id, error)
+                return
+            await asyncio.sleep(0.05)
+
+    async def _on_answer(self, frame: dict):
+        unknown = set(frame) - RESPONSE_KEYS
+        rpc_id = frame.get("id")
+        if unknown or not isinstance(rpc_id, str) or not rpc_id.startswith("srv-"):
+            return  # not an answer to anything we sent; JSON-RPC forbids answering a response
+        try:
+            command_pk = int(rpc_id.removeprefix("srv-"))
+        except ValueError:
+            return
+        if not self.conn.generation:
+            return
+        await database_sync_to_async(services.command_answered)(
+            self.conn, command_pk, frame.get("result"), frame.get("error")
+        )
+
+    # --- frames out ---------------------------------------------------------------------
+
+    async def _send(self, message: dict):
+        with contextlib.suppress(Exception):
+            await self.send(text_data=dumps(message))
+
+    async def _reply_error(self, rpc_id, error: RpcError, notify_only: bool = False):
+        if notify_only:
+            return
+        await self._send({"jsonrpc": "2.0", "id": rpc_id, "error": error.wire()})
+
+    async def _flush_outbox(self):
+        if self.conn is None or not self.conn.generation or self.fenced:
+            return
+        async with self.outbox_lock:
+            while True:
+                commands = await database_sync_to_async(services.claim_commands)(self.conn)
+                for command in commands:
+                    await self._send(
+                        {
+                            "jsonrpc": "2.0",
+                            "id": command.rpc_id,
+                            "method": command.method,
+                            "params": command.params,
+                        }
+                    )
+                if len(commands) < 100:
+                    return
+
+    async def _keep_outbox_flowing(self):
+        """Doorbells can be lost; a slow poll guarantees commands still go out."""
+        while True:
+            await asyncio.sleep(settings.OUTBOX_RESEND_SECONDS)
+            if self.conn is not None and self.conn.generation:
+                with contextlib.suppress(Exception):
+                    await database_sync_to_async(services.touch_runner)(self.conn)
+                    await self._flush_outbox()
+
+    def _spawn(self, coroutine):
+        task = asyncio.ensure_future(coroutine)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    # --- channel layer messages ---------------------------------------------------------
+
+    async def outbox_ring(self, message):
+        await self._flush_outbox()
+
+    async def runner_fenced(self, message):
+        self.fenced = True
+        await self.close(code=CLOSE_FENCED)

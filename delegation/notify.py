@@ -1,0 +1,74 @@
+"""Doorbells. The database is the record; these only tell listeners to go and read it.
+
+Every ring is sent after the transaction that wrote the record commits, so a listener that
+reacts to it always finds the rows. A ring may be lost (channels-redis drops messages when a
+channel is over capacity): listeners therefore also catch up on their own from the database.
+Group names use primary keys because runIds may hold characters channel names cannot.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+log = logging.getLogger(__name__)
+
+RUNNERS_GROUP = "runners"
+TREES_GROUP = "trees"
+
+
+def run_group(run_pk: int) -> str:
+    return f"run.{run_pk}"
+
+
+def tree_group(root_pk: int) -> str:
+    return f"tree.{root_pk}"
+
+
+def runner_group(runner_pk: int) -> str:
+    return f"runner.{runner_pk}"
+
+
+def _send(group: str, message: dict) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(group, message)
+    except Exception:  # a lost doorbell only delays listeners until their next catch-up
+        log.warning("doorbell to %s failed", group, exc_info=True)
+
+
+def run_changed(run, *, new_run: bool = False) -> None:
+    """Ring the run's, its tree's and the overview's listeners once this transaction commits."""
+    root_pk = run.root_id or run.pk
+    message = {
+        "type": "run.changed",
+        "run": run.pk,
+        "root": root_pk,
+        "sequence": run.last_sequence,
+        "status": run.status,
+        "new": new_run,
+    }
+
+    def ring():
+        _send(run_group(run.pk), message)
+        _send(tree_group(root_pk), message)
+        if new_run or run.parent_id is None:
+            _send(TREES_GROUP, message)
+
+    transaction.on_commit(ring)
+
+
+def runner_outbox(runner_pk: int) -> None:
+    """Tell the connection holding this runner that commands are waiting."""
+    transaction.on_commit(lambda: _send(runner_group(runner_pk), {"type": "outbox.ring"}))
+
+
+def runner_changed(runner_pk: int) -> None:
+    transaction.on_commit(
+        lambda: _send(RUNNERS_GROUP, {"type": "runner.changed", "runner": runner_pk})
+    )

@@ -1,0 +1,36 @@
+"""Operator roles (SPEC §7): viewer reads, operator also acts, admin also manages tokens."""
+
+VIEWER = "viewer"
+OPERATOR = "operator"
+ADMIN = "admin"
+ROLES = (VIEWER, OPERATOR, ADMIN)
+_RANK = {None: 0, VIEWER: 1, OPERATOR: 2, ADMIN: 3}
+
+
+def role_of(user) -> str | None:
+    """The strongest role a user holds; superusers are admins, anonymous users have none."""
+    if user is None or not getattr(user, "is_authenticated", False) or not user.is_active:
+        return None
+    if user.is_superuser:
+        return ADMIN
+    names = {group.name for group in user.groups.all()}
+    for role in (ADMIN, OPERATOR, VIEWER):
+        if role in names:
+            return role
+    return None
+
+
+def has_role(user, role: str) -> bool:
+    return _RANK[role_of(user)] >= _RANK[role]
+
+
+def can_view(user) -> bool:
+    return has_role(user, VIEWER)
+
+
+def can_act(user) -> bool:
+    return has_role(user, OPERATOR)
+
+
+def can_admin(user) -> bool:
+    return has_role(user, ADMIN)

@@ -1,0 +1,556 @@
+"""Strict wire schemas: the one vocabulary for runner frames, live frames and REST bodies.
+
+Everything that crosses a trust boundary is decoded here (SPEC §4): one JSON object, no
+trailing data, no duplicate keys, no unknown fields at any level, exact camelCase names, no
+coercion, and no ``null`` where the SPEC forbids it. Unknown fields being refused is what keeps
+requests credential-free: an ``apiKey`` or ``systemPromptPath`` simply has nowhere to go.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import posixpath
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from delegation.errors import INVALID_PARAMS, PARSE_ERROR, RpcError
+
+KIB = 1024
+MAX_FRAME_BYTES = 1024 * KIB
+MAX_ID_BYTES = 128
+MAX_MESSAGE_BYTES = 512 * KIB
+MAX_SYSTEM_PROMPT_BYTES = 256 * KIB
+MAX_CWD_BYTES = 8 * KIB
+MAX_STEER_BYTES = 10_000
+MAX_PRESETS_PER_EXTENSION = 32
+MAX_EVENT_FIELD_BYTES = 32 * KIB
+MAX_KIND_BYTES = 64
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+SERVER_EVENT_KINDS = frozenset(
+    {"steer", "cancel-requested", "lease-released", "delegation-refused"}
+)
+
+
+# --- Strict JSON --------------------------------------------------------------------------
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _refuse_duplicates(pairs):
+    obj = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _DuplicateKey(key)
+        obj[key] = value
+    return obj
+
+
+def _refuse_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads_strict(text: str | bytes) -> Any:
+    """Decode one JSON value, refusing duplicate keys, NaN/Infinity and trailing data."""
+    if isinstance(text, bytes | bytearray):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RpcError(PARSE_ERROR, "parse error: frame is not valid UTF-8") from None
+    try:
+        # json.loads already refuses anything but whitespace after the value ("Extra data").
+        return json.loads(
+            text, object_pairs_hook=_refuse_duplicates, parse_constant=_refuse_constant
+        )
+    except _DuplicateKey as exc:
+        raise RpcError(PARSE_ERROR, f"parse error: duplicate key {exc.args[0]!r}") from None
+    except ValueError as exc:
+        raise RpcError(PARSE_ERROR, f"parse error: {exc}") from None
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def canonical(value: Any) -> str:
+    """A stable rendering used to compare inputs (idempotency, replayed events)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+def utf8_len(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def truncate_utf8(text: str, limit: int) -> tuple[str, bool]:
+    """Cut text to at most ``limit`` UTF-8 bytes without splitting a character."""
+    encoded = text.encode("utf-8")
+    if len(encoded) <= limit:
+        return text, False
+    return encoded[:limit].decode("utf-8", errors="ignore"), True
+
+
+# --- Field rules --------------------------------------------------------------------------
+
+
+def valid_id(value: str, field: str = "id") -> str:
+    """ValidID: an opaque identifier that can never be used as a path."""
+    if value == "":
+        raise ValueError(f"{field} must not be empty")
+    if value in (".", ".."):
+        raise ValueError(f"{field} must not be '.' or '..'")
+    if utf8_len(value) > MAX_ID_BYTES:
+        raise ValueError(f"{field} must be at most {MAX_ID_BYTES} bytes of UTF-8")
+    for ch in value:
+        if ch in "/\\":
+            raise ValueError(f"{field} must not contain '/' or '\\'")
+        if ord(ch) <= 0x20 or ord(ch) == 0x7F:
+            raise ValueError(f"{field} must not contain whitespace or control characters")
+    return value
+
+
+def is_valid_id(value: Any) -> bool:
+    try:
+        return isinstance(value, str) and bool(valid_id(value))
+    except ValueError:
+        return False
+
+
+def _not_blank(value: str, what: str = "value") -> str:
+    if value.strip() == "":
+        raise ValueError(f"{what} must not be blank")
+    return value
+
+
+def _max_bytes(value: str, limit: int, what: str = "value") -> str:
+    if utf8_len(value) > limit:
+        raise ValueError(f"{what} must be at most {limit} bytes of UTF-8")
+    return value
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    def wire(self) -> dict:
+        return self.model_dump(by_alias=True, exclude_unset=True)
+
+
+ValidId = Annotated[str, Field(min_length=1)]
+NonNegative = Annotated[int, Field(ge=0)]
+Positive = Annotated[int, Field(gt=0)]
+
+
+class Options(Strict):
+    """Execution options; every member optional, omission inherits."""
+
+    model: str = Field(default=None)
+    weak_model: str = Field(default=None, alias="weakModel")
+    max_tokens: Positive = Field(default=None, alias="maxTokens")
+    weak_model_max_tokens: Positive = Field(default=None, alias="weakModelMaxTokens")
+    thinking_budget_tokens: NonNegative = Field(default=None, alias="thinkingBudgetTokens")
+    reasoning_effort: str = Field(default=None, alias="reasoningEffort")
+    max_turns: NonNegative = Field(default=None, alias="maxTurns")
+    use_weak_model: bool = Field(default=None, alias="useWeakModel")
+    no_tools: bool = Field(default=None, alias="noTools")
+    no_extensions: bool = Field(default=None, alias="noExtensions")
+    no_skills: bool = Field(default=None, alias="noSkills")
+    allowed_tools: list[str] = Field(default=None, alias="allowedTools")
+    allowed_commands: list[str] = Field(default=None, alias="allowedCommands")
+    enable_fs_search_tools: bool = Field(default=None, alias="enableFSSearchTools")
+
+    @field_validator("reasoning_effort")
+    @classmethod
+    def _effort(cls, value: str) -> str:
+        folded = value.strip().lower()
+        if folded not in REASONING_EFFORTS:
+            raise ValueError(f"must be one of {', '.join(REASONING_EFFORTS)}")
+        return folded
+
+    @field_validator("allowed_tools", "allowed_commands")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        for index, item in enumerate(value):
+            if item.strip() == "":
+                raise ValueError(f"item {index} must not be blank")
+        return value
+
+
+class Profile(Strict):
+    """An execution preset an extension registers. Prompt content only, never a path."""
+
+    name: str
+    options: Options = Field(default=None)
+    system_prompt: str = Field(default="", alias="systemPrompt")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        _not_blank(value, "name")
+        _max_bytes(value, MAX_ID_BYTES, "name")
+        if any(ch in value for ch in "/\\\x00"):
+            raise ValueError("name must not contain '/', '\\' or NUL")
+        return value
+
+    @field_validator("system_prompt")
+    @classmethod
+    def _prompt(cls, value: str) -> str:
+        return _max_bytes(value, MAX_SYSTEM_PROMPT_BYTES, "systemPrompt")
+
+
+class Extension(Strict):
+    extension_id: str = Field(alias="extensionId")
+    generation: int
+    presets: list[Profile] = Field(default_factory=list)
+
+    @field_validator("extension_id")
+    @classmethod
+    def _ext(cls, value: str) -> str:
+        return valid_id(value, "extensionId")
+
+    @field_validator("generation")
+    @classmethod
+    def _gen(cls, value: int) -> int:
+        if value <= 0:
+            raise ValueError("generation must be a positive integer (0 is never a generation)")
+        return value
+
+    @field_validator("presets")
+    @classmethod
+    def _presets(cls, value: list[Profile]) -> list[Profile]:
+        if len(value) > MAX_PRESETS_PER_EXTENSION:
+            raise ValueError(f"at most {MAX_PRESETS_PER_EXTENSION} presets per extension")
+        seen = set()
+        for preset in value:
+            if preset.name in seen:
+                raise ValueError(f"duplicate preset name {preset.name!r}")
+            seen.add(preset.name)
+        return value
+
+
+class Request(Strict):
+    """What a parent asks for in ``child.start``."""
+
+    request_id: str = Field(alias="requestId")
+    profile: str
+    message: str
+    system_prompt: str = Field(default=None, alias="systemPrompt")
+    cwd: str = Field(default=None)
+    context_mode: Literal["", "fresh", "fork"] = Field(default=None, alias="contextMode")
+    resume: str = Field(default=None)
+    options: Options = Field(default=None)
+    lease_id: str = Field(default=None, alias="leaseId")
+
+    @field_validator("request_id")
+    @classmethod
+    def _request_id(cls, value: str) -> str:
+        _not_blank(value, "requestId")
+        return _max_bytes(value, MAX_ID_BYTES, "requestId")
+
+    @field_validator("profile")
+    @classmethod
+    def _profile(cls, value: str) -> str:
+        return _not_blank(value, "profile")
+
+    @field_validator("message")
+    @classmethod
+    def _message(cls, value: str) -> str:
+        _not_blank(value, "message")
+        return _max_bytes(value, MAX_MESSAGE_BYTES, "message")
+
+    @field_validator("system_prompt")
+    @classmethod
+    def _prompt(cls, value: str) -> str:
+        return _max_bytes(value, MAX_SYSTEM_PROMPT_BYTES, "systemPrompt")
+
+    @field_validator("cwd")
+    @classmethod
+    def _cwd(cls, value: str) -> str:
+        if "\x00" in value:
+            raise ValueError("cwd must not contain NUL")
+        return _max_bytes(value, MAX_CWD_BYTES, "cwd")
+
+    @field_validator("resume")
+    @classmethod
+    def _resume(cls, value: str) -> str:
+        return valid_id(value, "resume")
+
+    @field_validator("lease_id")
+    @classmethod
+    def _lease(cls, value: str) -> str:
+        return valid_id(value, "leaseId")
+
+    @model_validator(mode="after")
+    def _resume_not_fork(self):
+        if self.resume is not None and self.context_mode == "fork":
+            raise ValueError("resume cannot be combined with contextMode 'fork'")
+        return self
+
+    @property
+    def mode(self) -> str:
+        return self.context_mode or "fresh"
+
+
+def confine_cwd(cwd: str, workspace: str) -> str:
+    """Resolve ``cwd`` inside ``workspace``; refuse anything that escapes it."""
+    base = posixpath.normpath(workspace)
+    target = posixpath.normpath(posixpath.join(base, cwd))
+    if target != base and not target.startswith(base.rstrip("/") + "/"):
+        raise ValueError(f"cwd {cwd!r} is outside the parent's workspace {workspace!r}")
+    return target
+
+
+class Event(Strict):
+    """One step of a run's stream. ``sequence`` is the server's; runners never send it."""
+
+    kind: str
+    text: str = Field(default=None)
+    tool_name: str = Field(default=None, alias="toolName")
+    tool_call_id: str = Field(default=None, alias="toolCallId")
+    input: Any = Field(default=None)
+    tool_output: Any = Field(default=None, alias="toolOutput")
+    success: bool = Field(default=None)
+    error: str = Field(default=None)
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value: str) -> str:
+        _not_blank(value, "kind")
+        return _max_bytes(value, MAX_KIND_BYTES, "kind")
+
+
+class Identified(Strict):
+    """Fields every runner-to-server child call shares (SPEC §5 ``Params``)."""
+
+
+# --- Runner -> server params --------------------------------------------------------------
+
+
+class RegisterParams(Strict):
+    host_instance_id: str = Field(alias="hostInstanceId")
+    extensions: list[Extension] = Field(default_factory=list)
+    workspace: str = Field(default=None)
+
+    @field_validator("host_instance_id")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        return valid_id(value, "hostInstanceId")
+
+    @field_validator("extensions")
+    @classmethod
+    def _unique(cls, value: list[Extension]) -> list[Extension]:
+        ids = [ext.extension_id for ext in value]
+        if len(ids) != len(set(ids)):
+            raise ValueError("duplicate extensionId")
+        return value
+
+    @field_validator("workspace")
+    @classmethod
+    def _workspace(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("workspace must be an absolute path")
+        return _max_bytes(value, MAX_CWD_BYTES, "workspace")
+
+
+class RunOpenParams(Strict):
+    conversation_id: str = Field(alias="conversationId")
+    run_id: str = Field(alias="runId")
+    profile: str = Field(default=None)
+    extension_id: str = Field(default=None, alias="extensionId")
+    meta: dict[str, Any] = Field(default=None, alias="_meta")
+
+    @field_validator("conversation_id")
+    @classmethod
+    def _conv(cls, value: str) -> str:
+        return valid_id(value, "conversationId")
+
+    @field_validator("run_id")
+    @classmethod
+    def _run(cls, value: str) -> str:
+        return valid_id(value, "runId")
+
+    @field_validator("extension_id")
+    @classmethod
+    def _ext(cls, value: str) -> str:
+        return valid_id(value, "extensionId")
+
+
+class RunEventParams(Strict):
+    run_id: str = Field(alias="runId")
+    from_: int = Field(alias="from", ge=1)
+    events: list[Event]
+
+    @field_validator("run_id")
+    @classmethod
+    def _run(cls, value: str) -> str:
+        return valid_id(value, "runId")
+
+
+class RunFinishParams(Strict):
+    run_id: str = Field(alias="runId")
+    output: str = Field(default=None)
+    error: str = Field(default=None)
+    cancelled: bool = Field(default=None)
+
+
+class ToolEndParams(Strict):
+    run_id: str = Field(alias="runId")
+    tool_call_id: str = Field(alias="toolCallId")
+
+
+class Params(Strict):
+    """The child methods' ``Params``, exactly as upstream (camelCase)."""
+
+    run_id: str = Field(default=None, alias="runId")
+    tool_call_id: str = Field(default=None, alias="toolCallId")
+    extension_id: str = Field(default=None, alias="extensionId")
+    generation: int = Field(default=None)
+    request: Request = Field(default=None)
+    child_id: str = Field(default=None, alias="childId")
+    child_run_id: str = Field(default=None, alias="childRunId")
+    message: str = Field(default=None)
+    request_id: str = Field(default=None, alias="requestId")
+    lease_id: str = Field(default=None, alias="leaseId")
+    after: NonNegative = Field(default=None)
+
+    @field_validator("generation")
+    @classmethod
+    def _gen(cls, value: int) -> int:
+        if value <= 0:
+            raise ValueError("generation must be a positive integer (0 is never a generation)")
+        return value
+
+    @field_validator("child_id", "child_run_id", "lease_id")
+    @classmethod
+    def _ids(cls, value: str, info) -> str:
+        return valid_id(value, _ALIASES[info.field_name])
+
+    def require(self, *names: str) -> None:
+        """Each child method needs its own subset of the shared Params fields."""
+        for name in names:
+            if getattr(self, name) is None:
+                raise RpcError(INVALID_PARAMS, f"{_ALIASES[name]}: required field missing")
+
+
+_ALIASES = {name: (info.alias or name) for name, info in Params.model_fields.items()}
+
+
+class LeaseReleaseParams(Strict):
+    lease_id: str = Field(alias="leaseId")
+    extension_id: str = Field(alias="extensionId")
+    generation: int
+
+    @field_validator("lease_id")
+    @classmethod
+    def _lease(cls, value: str) -> str:
+        return valid_id(value, "leaseId")
+
+    @field_validator("generation")
+    @classmethod
+    def _gen(cls, value: int) -> int:
+        if value <= 0:
+            raise ValueError("generation must be a positive integer (0 is never a generation)")
+        return value
+
+
+# --- Server -> client shapes --------------------------------------------------------------
+
+
+class StoredEvent(BaseModel):
+    """An event as readers see it: numbered by the server."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    sequence: int
+    kind: str
+    text: str | None = None
+    tool_name: str | None = Field(default=None, alias="toolName")
+    tool_call_id: str | None = Field(default=None, alias="toolCallId")
+    input: Any = None
+    tool_output: Any = Field(default=None, alias="toolOutput")
+    success: bool | None = None
+    error: str | None = None
+
+
+class Result(BaseModel):
+    """A run's snapshot. Every field is always present (``""``, ``false``, ``[]`` when empty)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    runner_id: str = Field(alias="runnerId")
+    host_instance_id: str = Field(alias="hostInstanceId")
+    conversation_id: str = Field(alias="conversationId")
+    run_id: str = Field(alias="runId")
+    parent_conversation_id: str = Field(alias="parentConversationId")
+    parent_run_id: str = Field(alias="parentRunId")
+    extension_id: str = Field(alias="extensionId")
+    profile: str
+    done: bool
+    cancelled: bool
+    error: str
+    output: str
+    events: list[dict[str, Any]]
+    depth: int
+    status: str
+
+
+# --- Errors -------------------------------------------------------------------------------
+
+
+def _loc(loc: tuple, prefix: str = "") -> str:
+    parts = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+    text = "".join(parts)
+    if prefix:
+        return f"{prefix}.{text}" if text else prefix
+    return text or "params"
+
+
+def describe(error: ValidationError, prefix: str = "") -> str:
+    """One readable line per problem, each naming the field and the rule it broke."""
+    lines = []
+    for item in error.errors(include_url=False):
+        loc = item["loc"]
+        # Drop pydantic's internal markers such as 'function-after[...]' from the path.
+        loc = tuple(p for p in loc if not (isinstance(p, str) and "[" in p and "(" not in p))
+        where = _loc(loc, prefix)
+        kind = item["type"]
+        if kind == "extra_forbidden":
+            rule = "unknown field"
+        elif kind == "missing":
+            rule = "required field missing"
+        elif item.get("input", 0) is None:
+            rule = "null is not allowed (omit the field to inherit)"
+        elif kind == "value_error":
+            rule = str(item["ctx"]["error"]) if item.get("ctx") else item["msg"]
+        else:
+            rule = item["msg"]
+        lines.append(f"{where}: {rule}")
+    return "; ".join(lines)
+
+
+def parse_model(model: type[BaseModel], data: Any, prefix: str = "params"):
+    """Validate ``data`` strictly, turning failures into a −32602 naming each field."""
+    if not isinstance(data, dict):
+        raise RpcError(INVALID_PARAMS, f"{prefix}: must be a JSON object")
+    try:
+        return model.model_validate(data, strict=True)
+    except ValidationError as exc:
+        raise RpcError(INVALID_PARAMS, describe(exc, prefix)) from None
+
+
+def json_size_ok(value: Any) -> bool:
+    return not (isinstance(value, float) and not math.isfinite(value))
