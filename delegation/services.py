@@ -41,6 +41,7 @@ from delegation.errors import (
 )
 from delegation.models import (
     TERMINAL_STATUSES,
+    ApiToken,
     AuditEntry,
     Command,
     Event,
@@ -145,6 +146,36 @@ def authenticate_runner(token: str) -> Runner | None:
     if not token:
         return None
     return Runner.objects.filter(token_hash=hash_token(token), revoked_at__isnull=True).first()
+
+
+def create_api_token(user, name: str = "") -> tuple[ApiToken, str]:
+    """A bearer token for scripts; it acts with its user's role. Shown once, stored hashed."""
+    token = new_token("cna")
+    api_token = ApiToken.objects.create(
+        user=user, name=name, token_hash=hash_token(token), token_prefix=token[:12]
+    )
+    return api_token, token
+
+
+def revoke_api_token(prefix: str) -> int:
+    return ApiToken.objects.filter(token_prefix=prefix, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
+
+
+def authenticate_api_token(token: str):
+    """The active user behind a bearer token, or None."""
+    if not token:
+        return None
+    found = (
+        ApiToken.objects.select_related("user")
+        .filter(token_hash=hash_token(token), revoked_at__isnull=True, user__is_active=True)
+        .first()
+    )
+    if found is None:
+        return None
+    ApiToken.objects.filter(pk=found.pk).update(last_used_at=timezone.now())
+    return found.user
 
 
 # --- Internal helpers ---------------------------------------------------------------------

@@ -414,7 +414,9 @@ class Params(Strict):
     tool_call_id: str = Field(default=None, alias="toolCallId")
     extension_id: str = Field(default=None, alias="extensionId")
     generation: int = Field(default=None)
-    request: Request = Field(default=None)
+    # Kept raw here and validated as a Request after the caller's authority is checked,
+    # because SPEC §6 orders child.start's checks that way.
+    request: dict[str, Any] = Field(default=None)
     child_id: str = Field(default=None, alias="childId")
     child_run_id: str = Field(default=None, alias="childRunId")
     message: str = Field(default=None)

@@ -1,0 +1,16 @@
+import pytest
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def test_it_registers_opens_and_starts_a_child(runner):
+    root = await runner.open("root-1")
+    assert root["depth"] == 0 and root["status"] == "running"
+    child = await runner.ok("child.start", runner.child_params())
+    assert child["depth"] == 1
+    execute = await runner.wait_command("child.execute")
+    assert execute["params"]["identity"]["runId"] == child["runId"]
+    stored = await runner.ok("run.event", {"runId": child["runId"], "from": 1, "events": [{"kind": "text", "text": "hi"}]})
+    assert stored == {"emitted": 1, "sequence": 1}
+    read = await runner.ok("child.read", {"runId": "root-1", "extensionId": "ext", "generation": 1, "childId": child["conversationId"]})
+    assert read["events"] == [{"sequence": 1, "kind": "text", "text": "hi"}]
