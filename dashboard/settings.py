@@ -116,7 +116,13 @@ DATA_DIR = Path(env_str("CANOPY_DATA_DIR", str(BASE_DIR / "var")))
 DATABASE_URL = env_str("DATABASE_URL", "")
 
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+    DATABASES = {
+        "default": dj_database_url.parse(
+            DATABASE_URL,
+            conn_max_age=env_int("CONN_MAX_AGE", 60, minimum=0),
+            conn_health_checks=True,
+        )
+    }
     if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         # An explicit test database name lets a live-server test and the suite agree on it.
         DATABASES["default"]["TEST"] = {

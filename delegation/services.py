@@ -203,7 +203,8 @@ def _current_runner(conn: Connection, lock: bool = True) -> Runner:
 
 
 def _lock_run(pk: int) -> Run:
-    return Run.objects.select_for_update().select_related(*RESULT_RELATED).get(pk=pk)
+    # of=("self",): PostgreSQL cannot lock the nullable side of the outer joins.
+    return Run.objects.select_for_update(of=("self",)).select_related(*RESULT_RELATED).get(pk=pk)
 
 
 def _store_server_event(run: Run, kind: str, *, actor: str = "", **fields) -> Event:
@@ -560,7 +561,7 @@ class Authority:
 def _lease_of(runner: Runner, lease_id: str | None, lock: bool = False) -> Lease | None:
     if lease_id is None:
         return None
-    leases = Lease.objects.select_for_update() if lock else Lease.objects
+    leases = Lease.objects.select_for_update(of=("self",)) if lock else Lease.objects
     return leases.select_related("parent_run").filter(runner=runner, lease_id=lease_id).first()
 
 
@@ -1102,7 +1103,9 @@ def do_release_lease(actor: Actor, lease: Lease, *, state: str = LeaseState.RELE
     """Revoke a lease and cancel every child under it (SPEC §6 child.lease.release)."""
     _require_operator(actor, "release", "lease", lease.lease_id)
     with transaction.atomic():
-        lease = Lease.objects.select_for_update().select_related("runner").get(pk=lease.pk)
+        lease = (
+            Lease.objects.select_for_update(of=("self",)).select_related("runner").get(pk=lease.pk)
+        )
         first_time = lease.state == LeaseState.ACTIVE
         if first_time:
             lease.state = state

@@ -17,6 +17,9 @@ from delegation import services
 def pytest_configure(config):
     # The in-process sweep would race the tests' own explicit sweeps and DB teardown.
     settings.UPKEEP_IN_PROCESS = False
+    # Persistent connections held by async-to-sync worker threads would block dropping the
+    # PostgreSQL test database at the end of the session.
+    settings.DATABASES["default"]["CONN_MAX_AGE"] = 0
 
 
 class RpcClient:
@@ -92,7 +95,7 @@ class RpcClient:
                 raise AssertionError(f"no {method} {match} in {self.commands}")
             try:
                 frame = await self.receive(timeout=remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
             if "method" in frame:
                 await self._note_command(frame)

@@ -10,7 +10,18 @@ async def test_it_registers_opens_and_starts_a_child(runner):
     assert child["depth"] == 1
     execute = await runner.wait_command("child.execute")
     assert execute["params"]["identity"]["runId"] == child["runId"]
-    stored = await runner.ok("run.event", {"runId": child["runId"], "from": 1, "events": [{"kind": "text", "text": "hi"}]})
+    stored = await runner.ok(
+        "run.event",
+        {"runId": child["runId"], "from": 1, "events": [{"kind": "text", "text": "hi"}]},
+    )
     assert stored == {"emitted": 1, "sequence": 1}
-    read = await runner.ok("child.read", {"runId": "root-1", "extensionId": "ext", "generation": 1, "childId": child["conversationId"]})
+    read = await runner.ok(
+        "child.read",
+        {
+            "runId": "root-1",
+            "extensionId": "ext",
+            "generation": 1,
+            "childId": child["conversationId"],
+        },
+    )
     assert read["events"] == [{"sequence": 1, "kind": "text", "text": "hi"}]
