@@ -116,39 +116,35 @@ DATA_DIR = Path(env_str("CANOPY_DATA_DIR", str(BASE_DIR / "var")))
 DATABASE_URL = env_str("DATABASE_URL", "")
 
 if DATABASE_URL:
-    DATABASES = {
-        "default": dj_database_url.parse(
-            DATABASE_URL,
-            conn_max_age=env_int("CONN_MAX_AGE", 60, minimum=0),
-            conn_health_checks=True,
-        )
-    }
-    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-        # An explicit test database name lets a live-server test and the suite agree on it.
-        DATABASES["default"]["TEST"] = {
-            "NAME": env_str("TEST_DATABASE_NAME", "canopy_test"),
-        }
+    _default = dj_database_url.parse(
+        DATABASE_URL,
+        conn_max_age=env_int("CONN_MAX_AGE", 60, minimum=0),
+        conn_health_checks=True,
+    )
 else:
     DATA_DIR.mkdir(parents=True, exist_ok=True)
-    DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": DATA_DIR / "canopy.sqlite3",
-            "OPTIONS": {
-                # WAL lets readers (dashboard, REST) proceed while a runner appends events;
-                # IMMEDIATE transactions take the write lock up front, so two writers queue
-                # on busy_timeout instead of failing with "database is locked" on upgrade.
-                "init_command": (
-                    "PRAGMA journal_mode=WAL;PRAGMA synchronous=NORMAL;PRAGMA busy_timeout=20000;"
-                ),
-                "transaction_mode": "IMMEDIATE",
-                "timeout": 20,
-            },
-            # A file database for tests too: live-server and browser tests share it across
-            # threads and processes, which an in-memory SQLite database cannot do.
-            "TEST": {"NAME": str(DATA_DIR / f"canopy-test-{os.getpid()}.sqlite3")},
-        }
+    _default = {"ENGINE": "django.db.backends.sqlite3", "NAME": DATA_DIR / "canopy.sqlite3"}
+
+if _default["ENGINE"] == "django.db.backends.sqlite3":
+    _default["OPTIONS"] = {
+        # WAL lets readers (dashboard, REST) proceed while a runner appends events;
+        # IMMEDIATE transactions take the write lock up front, so two writers queue on
+        # busy_timeout instead of failing with "database is locked" on upgrade.
+        "init_command": "PRAGMA journal_mode=WAL;PRAGMA synchronous=NORMAL;PRAGMA busy_timeout=20000;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
     }
+    # A file database for tests too: live-server and browser tests share it across threads
+    # and processes, which an in-memory SQLite database cannot do.
+    _default["TEST"] = {
+        "NAME": env_str("TEST_DATABASE_NAME", "")
+        or str(DATA_DIR / f"canopy-test-{os.getpid()}.sqlite3")
+    }
+elif _default["ENGINE"] == "django.db.backends.postgresql":
+    # An explicit test database name lets a live-server process and the suite agree on it.
+    _default["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", "canopy_test")}
+
+DATABASES = {"default": _default}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

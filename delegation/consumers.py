@@ -65,6 +65,16 @@ def _bearer(scope) -> str:
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
+def _collecting(function, *args):
+    # A refusal may follow a commit (a depth refusal stores its event), so its doorbells
+    # are returned alongside the error rather than lost with it.
+    with notify.collect() as bells:
+        try:
+            return function(*args), None, bells
+        except RpcError as exc:
+            return None, exc, bells
+
+
 def _valid_rpc_id(value) -> bool:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
@@ -95,7 +105,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if self.runner_group:
             await self.channel_layer.group_discard(self.runner_group, self.channel_name)
         if self.conn is not None and self.conn.generation:
-            await database_sync_to_async(services.runner_disconnected)(self.conn)
+            await self._call(services.runner_disconnected, self.conn)
 
     # --- frames in ----------------------------------------------------------------------
 
@@ -166,7 +176,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
                 await self._release(rpc_id, params)
                 return
             else:
-                result = await database_sync_to_async(HANDLERS[method])(self.conn, params)
+                result = await self._call(HANDLERS[method], self.conn, params)
         except RpcError as exc:
             await self._reply_error(rpc_id if has_id else None, exc, notify_only=not has_id)
             if exc.code == STALE_CONNECTION:
@@ -182,10 +192,17 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             # child.start queued a child.execute; cancel and steer queued commands too.
             await self._flush_outbox()
 
+    async def _call(self, function, *args):
+        """Run a service function on the database thread, then ring its doorbells here."""
+        result, error, bells = await database_sync_to_async(_collecting)(function, *args)
+        if bells:
+            await notify.ring_collected(bells)
+        if error is not None:
+            raise error
+        return result
+
     async def _register(self, params):
-        result, generation, fenced = await database_sync_to_async(services.register)(
-            self.conn, params
-        )
+        result, generation, fenced = await self._call(services.register, self.conn, params)
         self.conn = services.Connection(
             runner_pk=self.conn.runner_pk,
             generation=generation,
@@ -202,9 +219,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         return result
 
     async def _release(self, rpc_id, params):
-        lease_pk, pending = await database_sync_to_async(services.child_lease_release)(
-            self.conn, params
-        )
+        lease_pk, pending = await self._call(services.child_lease_release, self.conn, params)
         await self._flush_outbox()
         if not pending:
             await self._send({"jsonrpc": "2.0", "id": rpc_id, "result": {"done": True}})
@@ -240,8 +255,12 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             return
         if not self.conn.generation:
             return
-        await database_sync_to_async(services.command_answered)(
-            self.conn, command_pk, frame.get("result"), frame.get("error")
+        await self._call(
+            services.command_answered,
+            self.conn,
+            command_pk,
+            frame.get("result"),
+            frame.get("error"),
         )
 
     # --- frames out ---------------------------------------------------------------------

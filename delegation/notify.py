@@ -9,6 +9,8 @@ Group names use primary keys because runIds may hold characters channel names ca
 from __future__ import annotations
 
 import logging
+import threading
+from contextlib import contextmanager
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -32,7 +34,42 @@ def runner_group(runner_pk: int) -> str:
     return f"runner.{runner_pk}"
 
 
+_local = threading.local()
+
+
+@contextmanager
+def collect():
+    """Hold this thread's doorbells so an async caller can ring them without a thread hop.
+
+    The runner socket's hot path (run.event) would otherwise block its database thread on a
+    round trip to the event loop for every ring.
+    """
+    bells: dict[str, dict] = {}
+    previous = getattr(_local, "bells", None)
+    _local.bells = bells
+    try:
+        yield bells
+    finally:
+        _local.bells = previous
+
+
+async def ring_collected(bells: dict[str, dict]) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    for group, message in bells.items():
+        try:
+            await layer.group_send(group, message)
+        except Exception:
+            log.warning("doorbell to %s failed", group, exc_info=True)
+
+
 def _send(group: str, message: dict) -> None:
+    bells = getattr(_local, "bells", None)
+    if bells is not None:
+        # Only the latest ring per group matters: listeners read the database anyway.
+        bells[group] = message
+        return
     layer = get_channel_layer()
     if layer is None:
         return
