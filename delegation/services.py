@@ -515,10 +515,26 @@ _EVENT_COLUMNS = (
     "actor",
 )
 _EVENT_JSON = ("input", "tool_output")
+_PG_ARRAY_TYPES = (
+    "bigint",
+    "bigint",
+    "bigint",
+    "timestamptz",
+    "text",
+    "text",
+    "text",
+    "text",
+    "jsonb",
+    "jsonb",
+    "boolean",
+    "text",
+    "boolean",
+    "text",
+)
 
 
 def _insert_events(values: list[tuple]) -> None:
-    """Insert runner events with one executemany.
+    """Insert runner events with as few statements as possible.
 
     The ORM's bulk_create spent most of an append preparing values field by field; this
     path is the hot one (ingest), so it prepares only what needs preparing: JSON and time.
@@ -558,7 +574,26 @@ def _insert_events(values: list[tuple]) -> None:
             )
         )
     with connection.cursor() as cursor:
-        cursor.executemany(f"INSERT INTO {table} ({columns}) VALUES ({placeholders})", rows)
+        if connection.vendor == "postgresql":
+            # One array per column: constant statement size, nothing for the client-side
+            # binder to split, however many events the frame carries.
+            casts = ", ".join(f"%s::{kind}[]" for kind in _PG_ARRAY_TYPES)
+            cursor.execute(
+                f"INSERT INTO {table} ({columns}) SELECT * FROM unnest({casts})",
+                [list(column) for column in zip(*rows, strict=True)],
+            )
+            return
+        # SQLite: a multi-row INSERT per chunk, under its bound-variable limit.
+        for start in range(0, len(rows), _INSERT_CHUNK):
+            chunk = rows[start : start + _INSERT_CHUNK]
+            values_sql = ", ".join([f"({placeholders})"] * len(chunk))
+            cursor.execute(
+                f"INSERT INTO {table} ({columns}) VALUES {values_sql}",
+                [value for row in chunk for value in row],
+            )
+
+
+_INSERT_CHUNK = 500
 
 
 def finish_run(conn: Connection, raw_params) -> dict:

@@ -1,0 +1,230 @@
+"""Run every measurement, print a table beside the targets, and write bench.json.
+
+python -m bench                # everything
+python -m bench ingest read    # a subset
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import websockets
+
+from bench.servers import REDIS_URL, ROOT, Database, Server
+
+TEXT = "hello world " * 4
+results: dict = {}
+notes: list[str] = []
+
+
+def machine() -> str:
+    cpu = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    import os
+
+    return f"{platform.machine()} {cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+class Runner:
+    """A minimal JSON-RPC runner: enough to load the server, nothing of the SDK's logic."""
+
+    def __init__(self, ws):
+        self.ws = ws
+        self.ids = itertools.count(1)
+
+    @classmethod
+    async def connect(cls, url: str, token: str):
+        ws = await websockets.connect(
+            f"{url}/ws/runner/",
+            additional_headers={"Authorization": f"Bearer {token}"},
+            max_size=2**24,
+        )
+        return cls(ws)
+
+    async def call(self, method: str, params: dict) -> dict:
+        rpc_id = next(self.ids)
+        await self.ws.send(
+            json.dumps({"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params})
+        )
+        while True:
+            frame = json.loads(await self.ws.recv())
+            if "method" in frame:  # a server command: accept it
+                await self.ws.send(json.dumps({"jsonrpc": "2.0", "id": frame["id"], "result": {}}))
+                continue
+            if frame.get("id") == rpc_id:
+                if "error" in frame:
+                    raise RuntimeError(f"{method}: {frame['error']}")
+                return frame["result"]
+
+    async def register(self, extensions=()):
+        return await self.call(
+            "runner.register", {"hostInstanceId": "bench", "extensions": list(extensions)}
+        )
+
+
+# --- ingest -------------------------------------------------------------------------------
+
+INGEST_RUNNERS = 4
+INGEST_FRAMES = 100
+INGEST_BATCH = 100
+
+
+async def _ingest(url: str, tokens: list[str]) -> float:
+    async def one(index: int, token: str):
+        runner = await Runner.connect(url, token)
+        await runner.register()
+        run_id = f"ingest-{index}"
+        await runner.call("run.open", {"conversationId": f"c-{run_id}", "runId": run_id})
+        events = [{"kind": "text-delta", "text": TEXT} for _ in range(INGEST_BATCH)]
+        await ready.wait()
+        for frame in range(INGEST_FRAMES):
+            await runner.call(
+                "run.event", {"runId": run_id, "from": frame * INGEST_BATCH + 1, "events": events}
+            )
+        await runner.ws.close()
+
+    ready = asyncio.Event()
+    tasks = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(tokens)]
+    await asyncio.sleep(0.5)
+    started = time.perf_counter()
+    ready.set()
+    await asyncio.gather(*tasks)
+    return len(tokens) * INGEST_FRAMES * INGEST_BATCH / (time.perf_counter() - started)
+
+
+def ingest(kind: str):
+    db = Database(kind)
+    try:
+        tokens = [db.runner_token(f"ingest-{i}") for i in range(INGEST_RUNNERS)]
+        server = Server(db)
+        try:
+            rate = asyncio.run(_ingest(server.ws, tokens))
+        finally:
+            server.stop()
+        total = INGEST_RUNNERS * INGEST_FRAMES * INGEST_BATCH
+        ceiling = json.loads(
+            db.python("bench.seed", "ceiling", "--rows", str(total), "--batch", str(INGEST_BATCH))
+        )["rows_per_s"]
+    finally:
+        db.close()
+    results[f"ingest_{kind}_events_per_s"] = round(rate)
+    results[f"ingest_{kind}_ceiling_rows_per_s"] = round(ceiling)
+    results[f"ingest_{kind}_ratio"] = round(rate / ceiling, 3)
+
+
+# --- child.read at both ends of a long stream ---------------------------------------------
+
+READ_EVENTS = 1_000_000
+
+
+async def _read(url: str, seed: dict) -> tuple[float, float]:
+    runner = await Runner.connect(url, seed["token"])
+    await runner.register(
+        [{"extensionId": "bench", "generation": 1, "presets": [{"name": "worker"}]}]
+    )
+    params = {
+        "runId": seed["runId"],
+        "extensionId": "bench",
+        "generation": 1,
+        "childId": seed["childId"],
+    }
+
+    async def timed(after: int) -> float:
+        samples = []
+        for _ in range(15):
+            started = time.perf_counter()
+            result = await runner.call("child.read", {**params, "after": after})
+            samples.append((time.perf_counter() - started) * 1000)
+            assert result["events"][0]["sequence"] == after + 1
+        return statistics.median(samples)
+
+    at_start = await timed(0)
+    at_end = await timed(READ_EVENTS - 128)
+    await runner.ws.close()
+    return at_start, at_end
+
+
+def read():
+    db = Database("sqlite")
+    try:
+        seed = json.loads(db.python("bench.seed", "big-run", "--events", str(READ_EVENTS)))
+        server = Server(db)
+        try:
+            at_start, at_end = asyncio.run(_read(server.ws, seed))
+        finally:
+            server.stop()
+    finally:
+        db.close()
+    results["read_ms_after_zero"] = round(at_start, 2)
+    results["read_ms_after_end"] = round(at_end, 2)
+    results["read_ratio"] = round(at_end / at_start, 3)
+
+
+# --- report -------------------------------------------------------------------------------
+
+TARGETS = [
+    ("ingest_sqlite_events_per_s", ">=", 20000),
+    ("ingest_sqlite_ratio", ">=", 0.35),
+    ("ingest_postgres_events_per_s", None, None),
+    ("ingest_postgres_ratio", None, None),
+    ("push_p50_ms_one_process", None, None),
+    ("push_p99_ms_one_process", "<=", 50),
+    ("push_p50_ms_two_processes", None, None),
+    ("push_p99_ms_two_processes", "<=", 100),
+    ("subtree_ms", "<=", 300),
+    ("subtree_queries", "<=", 6),
+    ("tree_page_usable_ms", None, None),
+    ("read_ratio", "<=", 1.5),
+    ("memory_mb_1000_sockets", "<=", 300),
+]
+
+STEPS = {
+    "ingest": lambda: (ingest("sqlite"), ingest("postgres")),
+    "read": read,
+}
+
+
+def report():
+    print(f"\nmachine: {results['machine']}")
+    print(f"{'measure':36} {'value':>14}  target")
+    for key in sorted(k for k in results if k != "machine"):
+        target = next(((op, limit) for name, op, limit in TARGETS if name == key), (None, None))
+        verdict = ""
+        if target[0]:
+            ok = results[key] >= target[1] if target[0] == ">=" else results[key] <= target[1]
+            verdict = f"{target[0]} {target[1]}  {'met' if ok else 'MISSED'}"
+        print(f"{key:36} {results[key]:>14}  {verdict}")
+    for note in notes:
+        print(f"note: {note}")
+
+
+def main(argv: list[str]):
+    wanted = argv or list(STEPS)
+    results["machine"] = machine()
+    for name in wanted:
+        print(f"bench: {name} ...", flush=True)
+        started = time.perf_counter()
+        try:
+            STEPS[name]()
+        except Exception as exc:  # one broken step must not hide the others' figures
+            notes.append(f"{name} failed: {exc}")
+        print(f"bench: {name} took {time.perf_counter() - started:.1f}s", flush=True)
+    report()
+    out = ROOT / "bench.json"
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 1 if any("failed" in n for n in notes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,205 @@
+"""Database-side steps of the benchmark, run in a child process against the bench database.
+
+python -m bench.seed ceiling --rows N --batch B
+python -m bench.seed big-run --events N
+python -m bench.seed tree --runs N
+python -m bench.seed subtree --run RUN_ID
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+import uuid
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.db import connection, transaction  # noqa: E402
+from django.test.utils import CaptureQueriesContext  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from delegation import services  # noqa: E402
+from delegation.models import Event, Run, RunStatus, Session  # noqa: E402
+
+EXTENSION = {"extensionId": "bench", "generation": 1, "presets": [{"name": "worker"}]}
+TEXT = "hello world " * 4
+
+
+def _registered_runner(name: str):
+    runner, token = services.create_runner(name)
+    conn = services.Connection(runner_pk=runner.pk)
+    _, generation, _ = services.register(
+        conn, {"hostInstanceId": "bench", "extensions": [EXTENSION]}
+    )
+    return runner, token, services.Connection(runner_pk=runner.pk, generation=generation)
+
+
+def ceiling(rows: int, batch: int) -> dict:
+    """The ORM's raw bulk_create rate for the rows ingest stores, on this database."""
+    _runner, _token, conn = _registered_runner(f"ceiling-{uuid.uuid4().hex[:8]}")
+    run_id = f"ceiling-{uuid.uuid4().hex}"
+    services.open_run(conn, {"conversationId": f"c-{run_id}", "runId": run_id})
+    run = Run.objects.get(run_id=run_id)
+    now = timezone.now()
+    started = time.perf_counter()
+    sequence = 0
+    while sequence < rows:
+        objects = []
+        for _ in range(min(batch, rows - sequence)):
+            sequence += 1
+            objects.append(
+                Event(
+                    run=run,
+                    sequence=sequence,
+                    runner_index=sequence,
+                    kind="text-delta",
+                    text=TEXT,
+                    created_at=now,
+                )
+            )
+        with transaction.atomic():
+            Event.objects.bulk_create(objects)
+    elapsed = time.perf_counter() - started
+    return {"rows_per_s": rows / elapsed}
+
+
+def big_run(events: int) -> dict:
+    """A child whose stream holds ``events`` events, for child.read at both ends."""
+    _runner, token, conn = _registered_runner("reader")
+    services.open_run(conn, {"conversationId": "c-reader-root", "runId": "reader-root"})
+    child = services.child_start(
+        conn,
+        {
+            "runId": "reader-root",
+            "extensionId": "bench",
+            "generation": 1,
+            "request": {"requestId": "big", "profile": "worker", "message": "stream a lot"},
+        },
+    )
+    run = Run.objects.get(run_id=child["runId"])
+    now = timezone.now()
+    batch = 5000
+    row = {
+        "kind": "text-delta",
+        "text": TEXT,
+        "tool_name": None,
+        "tool_call_id": None,
+        "input": None,
+        "tool_output": None,
+        "success": None,
+        "error": None,
+        "truncated": False,
+    }
+    for first in range(1, events + 1, batch):
+        last = min(events, first + batch - 1)
+        with transaction.atomic():
+            services._insert_events([(run.pk, n, n, now, row) for n in range(first, last + 1)])
+    Run.objects.filter(pk=run.pk).update(last_sequence=events, emitted=events)
+    return {"token": token, "runId": "reader-root", "childId": child["conversationId"]}
+
+
+def tree(runs: int) -> dict:
+    """A delegation tree of ``runs`` runs (fan-out 10), plus an operator API token."""
+    from django.contrib.auth.models import Group, User
+
+    runner, _token, conn = _registered_runner("tree")
+    services.open_run(conn, {"conversationId": "c-tree-root", "runId": "tree-root"})
+    root = Run.objects.get(run_id="tree-root")
+    now = timezone.now()
+    level = [root]
+    made = 1
+    while made < runs:
+        next_level = []
+        for parent in level:
+            for _ in range(10):
+                if made >= runs:
+                    break
+                made += 1
+                key = uuid.uuid4().hex
+                session = Session(
+                    conversation_id=f"c-{key}",
+                    runner=runner,
+                    depth=parent.depth + 1,
+                    parent_id=parent.session_id,
+                    created_at=now,
+                )
+                next_level.append((parent, session, key))
+        Session.objects.bulk_create([s for _, s, _ in next_level])
+        created = Run.objects.bulk_create(
+            [
+                Run(
+                    run_id=f"r-{key}",
+                    session=session,
+                    runner=runner,
+                    parent=parent,
+                    root=root,
+                    depth=parent.depth + 1,
+                    status=RunStatus.SUCCEEDED if made % 3 else RunStatus.RUNNING,
+                    done=bool(made % 3),
+                    created_at=now,
+                    updated_at=now,
+                )
+                for parent, session, key in next_level
+            ]
+        )
+        level = created
+    user, _ = User.objects.get_or_create(username="bench-operator")
+    user.set_password("bench-password")
+    user.save()
+    user.groups.add(Group.objects.get(name="operator"))
+    _, api_token = services.create_api_token(user, "bench")
+    return {"root": "tree-root", "runs": made, "apiToken": api_token}
+
+
+def subtree(run_id: str) -> dict:
+    """REST subtree time (median of 5, in process) and its SQL query count."""
+    from django.test import Client
+
+    from delegation.models import ApiToken
+
+    token = services.create_api_token(ApiToken.objects.first().user, "subtree")[1]
+    client = Client(headers={"authorization": f"Bearer {token}"})
+    url = f"/api/runs/{run_id}/tree"
+    client.get(url)  # warm caches and imports
+    times = []
+    for _ in range(5):
+        started = time.perf_counter()
+        response = client.get(url)
+        times.append((time.perf_counter() - started) * 1000)
+        assert response.status_code == 200, response.content[:300]
+    with CaptureQueriesContext(connection) as queries:
+        client.get(url)
+    return {"subtree_ms": statistics.median(times), "subtree_queries": len(queries)}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("step")
+    parser.add_argument("--rows", type=int, default=20000)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--run")
+    args = parser.parse_args()
+    if args.step == "ceiling":
+        result = ceiling(args.rows, args.batch)
+    elif args.step == "big-run":
+        result = big_run(args.events)
+    elif args.step == "tree":
+        result = tree(args.runs)
+    elif args.step == "subtree":
+        result = subtree(args.run)
+    else:
+        parser.error(f"unknown step {args.step}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

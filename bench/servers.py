@@ -1,0 +1,135 @@
+"""Server processes and databases for the benchmark: nothing here touches the dev database."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+DAPHNE = str(Path(sys.executable).with_name("daphne"))
+PG_ADMIN_URL = os.environ.get("BENCH_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/9")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Database:
+    """A fresh database for one measurement: a temporary SQLite file or a PostgreSQL DB."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.tmp = tempfile.mkdtemp(prefix="canopy-bench-")
+        if kind == "sqlite":
+            self.url = f"sqlite:///{self.tmp}/bench.sqlite3"
+        else:
+            self.name = f"canopy_bench_{os.getpid()}"
+            self._psql(f"DROP DATABASE IF EXISTS {self.name}")
+            self._psql(f"CREATE DATABASE {self.name}")
+            self.url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{self.name}"
+        self.manage("migrate", "--noinput", "-v0")
+
+    def _psql(self, sql: str):
+        subprocess.run(
+            ["psql", PG_ADMIN_URL, "-q", "-c", sql], check=True, capture_output=True, text=True
+        )
+
+    def env(self, **extra) -> dict:
+        env = dict(os.environ)
+        env.update(
+            DATABASE_URL=self.url,
+            CANOPY_DATA_DIR=self.tmp,
+            LOG_LEVEL="ERROR",
+            PYTHONPATH=str(ROOT),
+        )
+        env.pop("REDIS_URL", None)
+        env.update(extra)
+        return env
+
+    def manage(self, *args: str, **env) -> str:
+        done = subprocess.run(
+            [PYTHON, "manage.py", *args],
+            cwd=ROOT,
+            env=self.env(**env),
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return done.stdout
+
+    def python(self, module: str, *args: str, **env) -> str:
+        done = subprocess.run(
+            [PYTHON, "-m", module, *args],
+            cwd=ROOT,
+            env=self.env(**env),
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{module} {args} failed:\n{done.stderr[-3000:]}")
+        return done.stdout
+
+    def runner_token(self, name: str) -> str:
+        return self.manage("runner_token", "create", name).strip().splitlines()[-1]
+
+    def close(self):
+        if self.kind == "postgres":
+            with contextlib.suppress(Exception):
+                self._psql(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class Server:
+    """One daphne process serving Canopy on a free port."""
+
+    def __init__(self, db: Database, **env):
+        self.port = free_port()
+        self.log = open(Path(db.tmp) / f"daphne-{self.port}.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [DAPHNE, "-b", "127.0.0.1", "-p", str(self.port), "dashboard.asgi:application"],
+            cwd=ROOT,
+            env=db.env(**env),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daphne exited; see {self.log.name}")
+            time.sleep(0.1)
+        raise RuntimeError("daphne did not start within 30 s")
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
