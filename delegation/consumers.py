@@ -112,6 +112,13 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data=None, bytes_data=None):
         if self.conn is None:
             return
+        if self.fenced:
+            # A fenced socket never takes the runner back, not even with runner.register;
+            # a real runner reconnects on a new socket.
+            await self._reply_error(
+                None, RpcError(STALE_CONNECTION, "stale connection: this socket was fenced")
+            )
+            return
         if text_data is None:
             await self._reply_error(None, RpcError(INVALID_REQUEST, "binary frames are refused"))
             return
@@ -180,6 +187,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         except RpcError as exc:
             await self._reply_error(rpc_id if has_id else None, exc, notify_only=not has_id)
             if exc.code == STALE_CONNECTION:
+                self.fenced = True
                 await self.close(code=CLOSE_FENCED)
             return
         except Exception:

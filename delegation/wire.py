@@ -70,13 +70,23 @@ def loads_strict(text: str | bytes) -> Any:
             raise RpcError(PARSE_ERROR, "parse error: frame is not valid UTF-8") from None
     try:
         # json.loads already refuses anything but whitespace after the value ("Extra data").
-        return json.loads(
+        value = json.loads(
             text, object_pairs_hook=_refuse_duplicates, parse_constant=_refuse_constant
         )
     except _DuplicateKey as exc:
         raise RpcError(PARSE_ERROR, f"parse error: duplicate key {exc.args[0]!r}") from None
     except ValueError as exc:
         raise RpcError(PARSE_ERROR, f"parse error: {exc}") from None
+    # A "\\ud800" escape is valid JSON syntax but no text: refuse it here, once, instead of
+    # failing later wherever the string is first encoded.
+    if "\\ud" in text or "\\uD" in text:
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise RpcError(
+                PARSE_ERROR, "parse error: a string holds an unpaired UTF-16 surrogate"
+            ) from None
+    return value
 
 
 def dumps(value: Any) -> str:
