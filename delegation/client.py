@@ -87,7 +87,9 @@ __all__ = [
 
 log = logging.getLogger("canopy.client")
 
-SERVER_EVENT_KINDS = frozenset({"steer", "cancel-requested", "lease-released", "delegation-refused"})
+SERVER_EVENT_KINDS = frozenset(
+    {"steer", "cancel-requested", "lease-released", "delegation-refused"}
+)
 EVENT_FIELDS = ("kind", "text", "toolName", "toolCallId", "input", "toolOutput", "success", "error")
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FENCED = 4409

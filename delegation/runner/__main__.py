@@ -1,0 +1,5 @@
+import sys
+
+from delegation.runner.cli import main
+
+sys.exit(main())

@@ -1,0 +1,260 @@
+"""Command line of the reference runner (``python manage.py runner`` or ``python -m
+delegation.runner``; both take the same flags)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+
+from delegation import depth as depthlib
+from delegation.client import AuthenticationFailed, ClientError, Fenced
+from delegation.runner.command import CommandEngine, load_config
+from delegation.runner.host import RunnerHost
+from delegation.runner.scripted import ScriptedConfig, ScriptedEngine
+
+log = logging.getLogger("canopy.runner")
+
+DEFAULT_URL = "ws://127.0.0.1:8000/ws/runner/"
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog="runner", description="Canopy reference runner")
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("CANOPY_URL", DEFAULT_URL),
+        help=f"runner WebSocket URL (env CANOPY_URL; default {DEFAULT_URL})",
+    )
+    parser.add_argument(
+        "--token",
+        default=None,
+        help="runner token (prefer env CANOPY_RUNNER_TOKEN or --token-file: argv is visible "
+        "to other users of the machine)",
+    )
+    parser.add_argument("--token-file", default=None, help="read the runner token from a file")
+    parser.add_argument("--engine", choices=("scripted", "command"), default="scripted")
+    parser.add_argument("--config", default=None, help="presets JSON file (command engine)")
+    parser.add_argument(
+        "--workspace",
+        default=None,
+        help="directory children run in (command engine; default: the config's, else cwd)",
+    )
+    parser.add_argument("--extension-id", default=None, help="default: reference-runner")
+    parser.add_argument("--generation", type=int, default=None, help="default: start time, ms")
+    parser.add_argument("--host-instance-id", default=None, help="default: hostname-pid")
+    parser.add_argument(
+        "--depth",
+        default=None,
+        help="level this runner declares on the handshake (default: env "
+        f"{depthlib.ENV_VAR}; invalid means undeclared)",
+    )
+    parser.add_argument("--connect-timeout", type=float, default=120.0)
+    parser.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
+
+    scripted = parser.add_argument_group("scripted engine")
+    scripted.add_argument("--seed", type=int, default=1)
+    scripted.add_argument("--pace", type=float, default=None, help="seconds between steps")
+    scripted.add_argument("--steps", type=int, default=None, help="tool steps per run")
+    scripted.add_argument("--fanout", type=int, default=None, help="children per delegation")
+    scripted.add_argument(
+        "--levels",
+        type=int,
+        default=None,
+        help="deepest level runs try to create (default MaxDepth+1: the deepest branch is "
+        "refused at the cap)",
+    )
+    scripted.add_argument(
+        "--max-depth",
+        type=int,
+        default=None,
+        help="the server's MaxDepth (default env DELEGATION_MAX_DEPTH or 3)",
+    )
+    scripted.add_argument("--shape", choices=("full", "sparse"), default=None)
+    scripted.add_argument("--fail-rate", type=float, default=None)
+    scripted.add_argument("--tool-fail-rate", type=float, default=None)
+    scripted.add_argument("--long-rate", type=float, default=None)
+    scripted.add_argument("--long-seconds", type=float, default=None)
+
+    roots = parser.add_argument_group("top-level runs")
+    roots.add_argument(
+        "--root",
+        action="append",
+        default=[],
+        metavar="MESSAGE",
+        help="open a top-level run with this task at start (repeatable)",
+    )
+    roots.add_argument("--once", action="store_true", help="exit when the --root runs are done")
+    roots.add_argument(
+        "--demo",
+        action="store_true",
+        help="scripted demo: a new root every --demo-interval seconds, sparse trees, some "
+        "long-running or failing children, one branch refused at the cap",
+    )
+    roots.add_argument("--demo-interval", type=float, default=5.0)
+    roots.add_argument("--demo-max-live", type=int, default=3, help="roots running at once")
+    roots.add_argument("--demo-roots", type=int, default=0, help="stop after N roots (0: never)")
+    return parser
+
+
+def read_token(args) -> str:
+    if args.token:
+        return args.token.strip()
+    if args.token_file:
+        with open(args.token_file, encoding="utf-8") as fh:
+            return fh.read().strip()
+    token = os.environ.get("CANOPY_RUNNER_TOKEN", "").strip()
+    if not token:
+        raise SystemExit("runner: no token (use --token-file, --token or CANOPY_RUNNER_TOKEN)")
+    return token
+
+
+def build_engine(args):
+    if args.engine == "command":
+        if not args.config:
+            raise SystemExit("runner: --engine command needs --config presets.json")
+        config = load_config(args.config)
+        engine = CommandEngine.from_config(config, workspace=args.workspace)
+        return engine, engine.workspace, config.get("extensionId")
+    max_depth = args.max_depth
+    if max_depth is None:
+        max_depth = depthlib.parse(os.environ.get("DELEGATION_MAX_DEPTH", "3")) or 3
+    cfg = ScriptedConfig(seed=args.seed, depth=max_depth + 1)
+    if args.demo:
+        cfg.shape, cfg.fanout, cfg.pace = "sparse", 3, 0.8
+        cfg.fail_rate, cfg.long_rate, cfg.long_seconds = 0.2, 0.3, 60.0
+    for name, attr in (
+        ("pace", "pace"),
+        ("steps", "steps"),
+        ("fanout", "fanout"),
+        ("levels", "depth"),
+        ("shape", "shape"),
+        ("fail_rate", "fail_rate"),
+        ("tool_fail_rate", "tool_fail_rate"),
+        ("long_rate", "long_rate"),
+        ("long_seconds", "long_seconds"),
+    ):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(cfg, attr, value)
+    return ScriptedEngine(cfg), args.workspace, None
+
+
+async def run(args) -> int:
+    token = read_token(args)
+    engine, workspace, config_extension = build_engine(args)
+    depth = None
+    if args.depth is not None:
+        depth = depthlib.parse(args.depth)
+    host = RunnerHost(
+        args.url,
+        token,
+        engine,
+        extension_id=args.extension_id or config_extension or "reference-runner",
+        generation=args.generation,
+        host_instance_id=args.host_instance_id,
+        workspace=os.path.abspath(workspace) if workspace else None,
+        depth=depth,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, _on_signal, stop, loop)
+    try:
+        registration = await host.start(timeout=args.connect_timeout)
+    except AuthenticationFailed as exc:
+        log.error("%s: check the token (python manage.py runner_token create NAME)", exc)
+        return 2
+    except ClientError as exc:
+        log.error("cannot register with %s: %s", args.url, exc)
+        return 1
+    log.info(
+        "runner %s connected to %s (engine %s, extension %s generation %s)",
+        registration.runner_id,
+        args.url,
+        engine.name,
+        host.extension_id,
+        host.generation,
+    )
+    roots = []
+    for message in args.root:
+        roots.append(await host.open_root(message))
+    work = []
+    if args.demo:
+        if engine.name != "scripted":
+            log.error("--demo needs the scripted engine")
+            return 2
+        work.append(asyncio.create_task(demo(host, engine, args)))
+    if args.once:
+        work.append(asyncio.create_task(_wait_roots(host, roots)))
+    stopper = asyncio.create_task(stop.wait())
+    fatal = asyncio.create_task(_watch_fatal(host))
+    done, _ = await asyncio.wait([stopper, fatal, *work], return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if fatal in done and fatal.result() is not None:
+        log.error("stopping: %s", fatal.result())
+        code = 3
+    for task in (stopper, fatal, *work):
+        task.cancel()
+    log.info("stopping: cancelling running executions")
+    await host.stop()
+    return code
+
+
+def _on_signal(stop: asyncio.Event, loop) -> None:
+    if stop.is_set():
+        os._exit(130)  # a second Ctrl-C: leave now
+    stop.set()
+
+
+async def _watch_fatal(host: RunnerHost):
+    while True:
+        fatal = host.client._fatal
+        if isinstance(fatal, AuthenticationFailed | Fenced):
+            return fatal
+        await asyncio.sleep(0.5)
+
+
+async def _wait_roots(host: RunnerHost, roots) -> None:
+    for ctx in roots:
+        await host.wait(ctx.run_id)
+
+
+async def demo(host: RunnerHost, engine: ScriptedEngine, args) -> None:
+    """Keep a live forest growing: a new root every interval, a few alive at once."""
+    live: list[str] = []
+    opened = 0
+    while not args.demo_roots or opened < args.demo_roots:
+        live = [run_id for run_id in live if run_id in host.runs]
+        if len(live) < max(1, args.demo_max_live):
+            opened += 1
+            path = f"{host.generation % 100000}-{opened}"
+            try:
+                ctx = await host.open_root(engine.root_message(path), profile="planner")
+            except ClientError as exc:
+                log.warning("could not open a demo root: %s", exc)
+            else:
+                live.append(ctx.run_id)
+                log.info("demo: opened root %s (%s)", ctx.run_id, path)
+        await asyncio.sleep(args.demo_interval)
+    while any(run_id in host.runs for run_id in live):
+        await asyncio.sleep(0.5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level)
+    return asyncio.run(run(args))
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, str(level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("websockets").setLevel(logging.WARNING)

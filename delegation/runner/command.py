@@ -1,0 +1,385 @@
+"""The ``command`` engine: every child runs a configured command line as a subprocess.
+
+This is how an operator wraps a real CLI agent. Per preset, a configuration names the command
+line; for each child the engine:
+
+- starts the command in its own process group, with ``PANDO_DELEGATION_DEPTH`` set to the
+  child's depth (so an agent that spawns its own subagents keeps the cap), the child's identity
+  in ``CANOPY_*`` variables, and the runner's token removed from the environment;
+- runs it in the runner's workspace, or in the request's ``cwd`` resolved inside it (symlinks
+  included: a ``cwd`` that resolves outside the workspace is refused);
+- turns each stdout line into an event: a JSON object with a string ``kind`` is a structured
+  event, any other line is a ``text`` event; each stderr line is an ``error`` event;
+- writes each steer to the process's stdin as one line;
+- on a cancel sends SIGTERM to the process group, then SIGKILL after the preset's grace period;
+- turns the exit status into the run's result (0) or error (anything else).
+
+Placeholders in the command line (``{message}``, ``{systemPrompt}``, ``{runId}``,
+``{conversationId}``, ``{profile}``, ``{depth}``, ``{cwd}``, ``{workspace}``) are replaced
+per argument, never through a shell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shlex
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from delegation import depth as depthlib
+from delegation import errors as codes
+from delegation.client import SERVER_EVENT_KINDS, Preset, RpcError, event
+from delegation.runner.host import Outcome, RunContext
+
+log = logging.getLogger("canopy.runner.command")
+
+PLACEHOLDERS = (
+    "message",
+    "systemPrompt",
+    "runId",
+    "conversationId",
+    "profile",
+    "depth",
+    "cwd",
+    "workspace",
+)
+# Never handed to an agent: the runner's own credential.
+SECRET_ENV = ("CANOPY_RUNNER_TOKEN",)
+MAX_LINE = 1024 * 1024
+STRING_FIELDS = ("text", "toolName", "toolCallId", "error")
+
+
+@dataclass
+class CommandPreset:
+    name: str
+    command: list[str]
+    system_prompt: str = ""
+    options: Mapping[str, Any] | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None  # default working directory, relative to the workspace
+    cancel_grace: float = 5.0  # seconds between SIGTERM and SIGKILL
+    steer_format: str = "text"  # "text": the message on one line; "json": a JSON object line
+
+    @classmethod
+    def from_config(cls, raw: Mapping[str, Any]) -> CommandPreset:
+        known = {
+            "name",
+            "command",
+            "systemPrompt",
+            "options",
+            "env",
+            "cwd",
+            "cancelGraceSeconds",
+            "steerFormat",
+        }
+        unknown = set(raw) - known
+        if unknown:
+            raise ValueError(f"preset: unknown field(s) {', '.join(sorted(unknown))}")
+        name = raw.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError("preset: 'name' must be a non-blank string")
+        command = raw.get("command")
+        if isinstance(command, str):
+            command = shlex.split(command)
+        if (
+            not isinstance(command, list)
+            or not command
+            or not all(isinstance(a, str) for a in command)
+        ):
+            raise ValueError(f"preset {name!r}: 'command' must be a non-empty list of strings")
+        env = raw.get("env", {})
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise ValueError(f"preset {name!r}: 'env' must map names to strings")
+        steer_format = raw.get("steerFormat", "text")
+        if steer_format not in ("text", "json"):
+            raise ValueError(f"preset {name!r}: 'steerFormat' must be 'text' or 'json'")
+        grace = raw.get("cancelGraceSeconds", 5.0)
+        if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
+            raise ValueError(f"preset {name!r}: 'cancelGraceSeconds' must be a number >= 0")
+        return cls(
+            name=name,
+            command=command,
+            system_prompt=raw.get("systemPrompt", "") or "",
+            options=raw.get("options"),
+            env=env,
+            cwd=raw.get("cwd"),
+            cancel_grace=float(grace),
+            steer_format=steer_format,
+        )
+
+
+def load_config(path: str | os.PathLike) -> dict:
+    """Read a presets file: ``{"presets": [...], "workspace"?: ..., "extensionId"?: ...}``."""
+    with open(path, encoding="utf-8") as fh:
+        raw = json.load(fh)
+    if isinstance(raw, list):
+        raw = {"presets": raw}
+    if not isinstance(raw, dict) or not isinstance(raw.get("presets"), list):
+        raise ValueError(f"{path}: expected an object with a 'presets' list")
+    unknown = set(raw) - {"presets", "workspace", "extensionId"}
+    if unknown:
+        raise ValueError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}")
+    return raw
+
+
+def confine(workspace: str, cwd: str | None) -> str:
+    """``cwd`` resolved inside ``workspace`` (after symlinks); ValueError if it escapes."""
+    base = Path(workspace).resolve()
+    target = (base / cwd).resolve() if cwd else base
+    if target != base and base not in target.parents:
+        raise ValueError(f"cwd {cwd!r} resolves outside the workspace {str(base)!r}")
+    if not target.is_dir():
+        raise ValueError(f"cwd {cwd!r} is not a directory inside the workspace")
+    return str(target)
+
+
+def line_event(line: str) -> dict:
+    """One stdout line as an event: a JSON object with a string ``kind``, else ``text``."""
+    stripped = line.strip()
+    if stripped.startswith("{"):
+        try:
+            data = json.loads(stripped)
+        except ValueError:
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("kind"), str):
+            built = _structured(data)
+            if built is not None:
+                return built
+    return event("text", line)
+
+
+def _structured(data: dict) -> dict | None:
+    kind = data["kind"].strip()
+    if not kind or kind in SERVER_EVENT_KINDS or len(kind.encode()) > 64:
+        return None  # the server's own kinds cannot be forged from an agent's stdout
+    out: dict[str, Any] = {"kind": kind}
+    for name in STRING_FIELDS:
+        value = data.get(name)
+        if value is not None:
+            if not isinstance(value, str):
+                return None
+            out[name] = value
+    if "success" in data and data["success"] is not None:
+        if not isinstance(data["success"], bool):
+            return None
+        out["success"] = data["success"]
+    for name in ("input", "toolOutput"):
+        if data.get(name) is not None:
+            out[name] = data[name]
+    return out
+
+
+class CommandEngine:
+    name = "command"
+
+    def __init__(self, presets: list[CommandPreset], workspace: str):
+        if not presets:
+            raise ValueError("the command engine needs at least one preset")
+        names = [p.name for p in presets]
+        if len(set(names)) != len(names):
+            raise ValueError("duplicate preset names")
+        self.presets_by_name = {p.name: p for p in presets}
+        self.workspace = str(Path(workspace).resolve())
+        # The host tears an execution down only after the longest SIGTERM grace has passed.
+        self.cancel_grace = max(p.cancel_grace for p in presets) + 2.0
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], workspace: str | None = None):
+        presets = [CommandPreset.from_config(p) for p in config["presets"]]
+        return cls(presets, workspace or config.get("workspace") or os.getcwd())
+
+    def presets(self) -> list[Preset]:
+        return [
+            Preset(p.name, p.system_prompt, dict(p.options) if p.options else None)
+            for p in self.presets_by_name.values()
+        ]
+
+    def check(self, command, host) -> None:
+        preset = self.presets_by_name.get(command.preset.name)
+        if preset is None:
+            raise RpcError(
+                codes.INVALID_PARAMS, f"preset {command.preset.name!r} has no command here"
+            )
+        try:
+            confine(self.workspace, command.request.get("cwd") or preset.cwd)
+        except ValueError as exc:
+            raise RpcError(codes.INVALID_PARAMS, f"request.cwd: {exc}") from None
+
+    # -- one child -----------------------------------------------------------------------
+
+    def environment(self, ctx: RunContext, preset: CommandPreset, cwd: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        env.update(preset.env)
+        env.update(
+            {
+                "CANOPY_RUN_ID": ctx.run_id,
+                "CANOPY_CONVERSATION_ID": ctx.conversation_id,
+                "CANOPY_PARENT_RUN_ID": getattr(ctx.identity, "parent_run_id", "") or "",
+                "CANOPY_PROFILE": preset.name,
+                "CANOPY_MESSAGE": ctx.message,
+                "CANOPY_SYSTEM_PROMPT": (ctx.preset.system_prompt if ctx.preset else "")
+                or preset.system_prompt,
+                "CANOPY_WORKSPACE": self.workspace,
+                "CANOPY_CWD": cwd,
+            }
+        )
+        # Set last and explicitly: an inherited value would be the runner's level.
+        return depthlib.child_env(ctx.depth, env)
+
+    def argv(self, ctx: RunContext, preset: CommandPreset, cwd: str) -> list[str]:
+        values = {
+            "message": ctx.message,
+            "systemPrompt": (ctx.preset.system_prompt if ctx.preset else "")
+            or preset.system_prompt,
+            "runId": ctx.run_id,
+            "conversationId": ctx.conversation_id,
+            "profile": preset.name,
+            "depth": str(ctx.depth),
+            "cwd": cwd,
+            "workspace": self.workspace,
+        }
+        out = []
+        for arg in preset.command:
+            for key in PLACEHOLDERS:
+                arg = arg.replace("{" + key + "}", values[key])
+            out.append(arg)
+        return out
+
+    async def run(self, ctx: RunContext) -> Outcome:
+        preset = self.presets_by_name[ctx.preset.name if ctx.preset else ctx.profile]
+        cwd = confine(self.workspace, ctx.cwd or preset.cwd)
+        argv = self.argv(ctx, preset, cwd)
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=cwd,
+            env=self.environment(ctx, preset, cwd),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # its own process group: a cancel reaches its children
+            limit=MAX_LINE,
+        )
+        ctx.data["process"] = process
+        ctx.data["pid"] = process.pid
+        state = {"result": None, "last_text": None, "last_stderr": None}
+        # One queue keeps stdout and stderr events in arrival order, and one sender batches
+        # them: a chatty agent does not cost one round trip per line.
+        queue: asyncio.Queue = asyncio.Queue()
+        readers = [
+            asyncio.create_task(self._pump(process.stdout, queue, "stdout", state)),
+            asyncio.create_task(self._pump(process.stderr, queue, "stderr", state)),
+        ]
+        sender = asyncio.create_task(self._send(ctx, queue))
+        waiter = asyncio.create_task(process.wait())
+        cancel = asyncio.create_task(ctx.cancel_event.wait())
+        stopped_by_cancel = False
+        try:
+            await asyncio.wait([waiter, cancel], return_when=asyncio.FIRST_COMPLETED)
+            if not waiter.done():
+                stopped_by_cancel = True
+                await self._terminate(process, preset.cancel_grace)
+            await waiter
+            # A grandchild that inherited the pipes could keep them open forever: give the
+            # readers a moment to drain, then take the whole process group down.
+            _, pending = await asyncio.wait(readers, timeout=2.0)
+            if pending:
+                _kill_group(process.pid, signal.SIGKILL)
+                await asyncio.wait(pending, timeout=1.0)
+            queue.put_nowait(None)
+            await sender
+        finally:
+            cancel.cancel()
+            for task in (*readers, sender, waiter):
+                task.cancel()
+            if process.returncode is None:
+                _kill_group(process.pid, signal.SIGKILL)
+                with contextlib.suppress(Exception):
+                    await process.wait()
+        code = process.returncode
+        if stopped_by_cancel or ctx.cancelled:
+            return Outcome(cancelled=True)
+        if code == 0:
+            output = state["result"] if state["result"] is not None else state["last_text"]
+            return Outcome(output=output or "")
+        if code < 0:
+            reason = f"killed by signal {-code}"
+        else:
+            reason = f"exit status {code}"
+        if state["last_stderr"]:
+            reason += f": {state['last_stderr'][:500]}"
+        return Outcome(error=reason)
+
+    async def _pump(self, reader, queue: asyncio.Queue, which: str, state: dict) -> None:
+        while True:
+            try:
+                raw = await reader.readline()
+            except ValueError:  # a line over MAX_LINE: keep its head, drop the rest
+                raw = await reader.read(MAX_LINE)
+            if not raw:
+                return
+            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            if which == "stderr":
+                if line.strip():
+                    state["last_stderr"] = line
+                    queue.put_nowait(event("error", error=line))
+                continue
+            if not line.strip():
+                continue
+            ev = line_event(line)
+            if ev["kind"] == "result" and "text" in ev:
+                state["result"] = ev["text"]
+            elif ev["kind"] == "text" and "text" in ev:
+                state["last_text"] = ev["text"]
+            queue.put_nowait(ev)
+
+    async def _send(self, ctx: RunContext, queue: asyncio.Queue) -> None:
+        done = False
+        while not done:
+            batch = [await queue.get()]
+            while not queue.empty():
+                batch.append(queue.get_nowait())
+            if batch[-1] is None:
+                batch.pop()
+                done = True
+            if batch:
+                await ctx.emit(*batch)
+
+    async def _terminate(self, process, grace: float) -> None:
+        _kill_group(process.pid, signal.SIGTERM)
+        try:
+            async with asyncio.timeout(grace):
+                await process.wait()
+        except TimeoutError:
+            log.info("pid %s ignored SIGTERM for %.1fs; sending SIGKILL", process.pid, grace)
+            _kill_group(process.pid, signal.SIGKILL)
+
+    async def steer(self, ctx: RunContext, message: str) -> str:
+        """Write the steer to the agent's stdin; ``promptRequired`` if it cannot take it."""
+        process = ctx.data.get("process")
+        if process is None or process.returncode is not None or process.stdin is None:
+            return "promptRequired"
+        preset = self.presets_by_name.get(ctx.preset.name if ctx.preset else ctx.profile)
+        if preset is not None and preset.steer_format == "json":
+            line = json.dumps({"type": "steer", "message": message}, ensure_ascii=False)
+        else:
+            line = " ".join(message.splitlines())
+        try:
+            process.stdin.write(line.encode("utf-8") + b"\n")
+            await process.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError, RuntimeError):
+            return "promptRequired"
+        return "injected"
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)

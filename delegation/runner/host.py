@@ -1,0 +1,429 @@
+"""The reference runner's host: server commands in, engine executions out.
+
+An engine turns one run into events (``scripted`` simulates an agent, ``command`` drives a
+subprocess). The host does everything around it, the same way for both engines:
+
+- ``child.execute`` → accept (``{}``) and start the engine on a :class:`RunContext`; a command
+  redelivered after a reconnect for a run already known is accepted again without starting
+  a second execution (idempotent by ``runId``);
+- ``run.steer`` → queue the message on the running execution (``injected``), or answer
+  ``promptRequired`` when there is no running turn; idempotent by ``requestId``;
+- ``run.cancel`` → signal the execution; if it has not stopped by its grace period it is torn
+  down; either way the run is finished with ``cancelled: true``;
+- ``lease.revoked`` → acknowledged (the server cancels the lease's children itself);
+- every execution ends with exactly one ``run.finish``, retried across reconnects.
+
+Top-level runs are opened by the host itself (:meth:`RunnerHost.open_root`), e.g. by the demo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from delegation import errors as codes
+from delegation.client import (
+    ClientClosed,
+    ClientError,
+    ExecuteCommand,
+    Extension,
+    Fenced,
+    Preset,
+    Result,
+    RpcError,
+    RunnerClient,
+    event,
+)
+
+log = logging.getLogger("canopy.runner")
+
+
+class Cancelled(Exception):
+    """Raised inside an engine when its run was cancelled (the host finishes it cancelled)."""
+
+
+@dataclass
+class Outcome:
+    output: str | None = None
+    error: str | None = None
+    cancelled: bool = False
+
+
+class Engine(Protocol):
+    name: str
+    cancel_grace: float  # seconds an execution may take to stop after a cancel
+
+    def presets(self) -> list[Preset]: ...
+
+    def check(self, command: ExecuteCommand, host: RunnerHost) -> None:
+        """Refuse a child up front (raise RpcError): the server then fails the child."""
+
+    async def run(self, ctx: RunContext) -> Outcome: ...
+
+
+@dataclass
+class RunContext:
+    """One execution: what to do, and the means to report, delegate and be steered."""
+
+    host: RunnerHost
+    run_id: str
+    conversation_id: str
+    depth: int
+    message: str
+    profile: str = ""
+    preset: Preset | None = None
+    request: Mapping[str, Any] = field(default_factory=dict)
+    identity: Any = None
+    lease_id: str | None = None
+    cwd: str | None = None
+    steers: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancel_event: asyncio.Event = field(default_factory=asyncio.Event)
+    cancel_reason: str = ""
+    steer_ids: dict[str, str] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.monotonic)
+    finished: bool = False
+    data: dict = field(default_factory=dict)  # engine-private state (e.g. a subprocess)
+
+    @property
+    def client(self) -> RunnerClient:
+        return self.host.client
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set()
+
+    @property
+    def stream(self):
+        return self.client.stream(self.run_id)
+
+    async def emit(self, *events: Mapping[str, Any]):
+        return await self.stream.emit(*events)
+
+    def append(self, *events: Mapping[str, Any]) -> None:
+        """Buffer events; they go out with the next emit or flush."""
+        self.stream.append(*events)
+
+    def take_steers(self) -> list[str]:
+        out = []
+        while not self.steers.empty():
+            out.append(self.steers.get_nowait())
+        return out
+
+    def check_cancel(self) -> None:
+        if self.cancelled:
+            raise Cancelled(self.cancel_reason)
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep, waking at once (with :class:`Cancelled`) if the run is cancelled."""
+        self.check_cancel()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(seconds, 0)):
+                await self.cancel_event.wait()
+        self.check_cancel()
+
+    # -- delegation, on behalf of this run ---------------------------------------------
+
+    async def child_start(self, request: Mapping[str, Any], tool_call_id: str | None = None):
+        return await self.client.child_start(
+            self.run_id,
+            self.host.extension_id,
+            self.host.generation,
+            request,
+            tool_call_id=tool_call_id,
+        )
+
+    async def child_read(self, child_id: str, after: int = 0) -> Result:
+        return await self.client.child_read(
+            self.run_id, self.host.extension_id, self.host.generation, child_id, after=after
+        )
+
+    async def child_cancel(self, child_id: str) -> Result:
+        return await self.client.child_cancel(
+            self.run_id, self.host.extension_id, self.host.generation, child_id
+        )
+
+    async def child_steer(self, child_id: str, message: str, request_id: str | None = None):
+        return await self.client.child_steer(
+            self.run_id,
+            self.host.extension_id,
+            self.host.generation,
+            child_id,
+            message,
+            request_id=request_id,
+        )
+
+
+class RunnerHost:
+    """Runs an :class:`Engine` for every child the server dispatches to this runner."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        engine: Engine,
+        *,
+        extension_id: str = "reference-runner",
+        generation: int | None = None,
+        host_instance_id: str | None = None,
+        workspace: str | None = None,
+        depth: Any = None,
+        client_options: Mapping[str, Any] | None = None,
+    ):
+        self.engine = engine
+        self.extension_id = extension_id
+        # A process generation is never 0; milliseconds since the epoch differ per start.
+        self.generation = generation or int(time.time() * 1000)
+        self.workspace = workspace
+        options = dict(client_options or {})
+        if depth is not None:
+            options["depth"] = depth
+        self.client = RunnerClient(
+            url,
+            token,
+            extensions=[Extension(extension_id, self.generation, engine.presets())],
+            host_instance_id=host_instance_id,
+            workspace=workspace,
+            **options,
+        )
+        self.runs: dict[str, RunContext] = {}
+        self.tasks: dict[str, asyncio.Task] = {}
+        self.finished: set[str] = set()
+        self.revoked_leases: set[str] = set()
+        self._background: set[asyncio.Task] = set()
+        self._root_counter = 0
+        self.client.on("child.execute", self._on_execute)
+        self.client.on("run.cancel", self._on_cancel)
+        self.client.on("run.steer", self._on_steer)
+        self.client.on("lease.revoked", self._on_lease_revoked)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self, timeout: float | None = None):
+        return await self.client.connect(timeout=timeout)
+
+    async def stop(self, cancel_running: bool = True) -> None:
+        """Stop executions (finishing them cancelled while the server is reachable), close."""
+        if cancel_running:
+            for ctx in list(self.runs.values()):
+                if not ctx.finished:
+                    self.cancel(ctx.run_id, "runner shutting down")
+            pending = [t for t in self.tasks.values() if not t.done()]
+            if pending:
+                await asyncio.wait(pending, timeout=self.engine.cancel_grace + 3)
+        for task in list(self.tasks.values()) + list(self._background):
+            task.cancel()
+        for task in list(self.tasks.values()) + list(self._background):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.client.close()
+
+    async def __aenter__(self) -> RunnerHost:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    async def wait(self, run_id: str, timeout: float | None = None) -> None:
+        task = self.tasks.get(run_id)
+        if task is not None:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(task)
+
+    # -- top-level runs ----------------------------------------------------------------
+
+    async def open_root(
+        self,
+        message: str,
+        *,
+        profile: str | None = None,
+        conversation_id: str | None = None,
+        run_id: str | None = None,
+        depth: int | None = None,
+    ) -> RunContext:
+        """``run.open`` a top-level run and execute the engine on it in the background."""
+        self._root_counter += 1
+        stamp = f"{self.generation}-{self._root_counter}"
+        conversation_id = conversation_id or f"root-{stamp}"
+        run_id = run_id or f"run-{stamp}"
+        presets = {p.name: p for p in self.engine.presets()}
+        profile = profile or next(iter(presets), None)
+        result = await self.client.open_run(
+            conversation_id,
+            run_id,
+            profile=profile,
+            extension_id=self.extension_id if profile else None,
+            depth=depth,
+        )
+        ctx = RunContext(
+            host=self,
+            run_id=run_id,
+            conversation_id=conversation_id,
+            depth=result.depth,
+            message=message,
+            profile=profile or "",
+            preset=presets.get(profile) if profile else None,
+            request={"message": message},
+        )
+        self._launch(ctx)
+        return ctx
+
+    # -- server commands ---------------------------------------------------------------
+
+    async def _on_execute(self, params: dict, client: RunnerClient) -> dict:
+        command = ExecuteCommand.from_wire(params)
+        run_id = command.run_id
+        if not run_id:
+            raise RpcError(codes.INVALID_PARAMS, "identity.runId: required")
+        if run_id in self.runs or run_id in self.finished:
+            return {}  # a redelivery: this run is already executing (or done)
+        self.engine.check(command, self)
+        ctx = RunContext(
+            host=self,
+            run_id=run_id,
+            conversation_id=command.identity.conversation_id,
+            depth=command.depth,
+            message=command.message,
+            profile=command.identity.profile or command.preset.name,
+            preset=command.preset,
+            request=command.request,
+            identity=command.identity,
+            lease_id=command.lease_id,
+            cwd=command.request.get("cwd"),
+        )
+        self._launch(ctx)
+        return {}
+
+    async def _on_cancel(self, params: dict, client: RunnerClient) -> dict:
+        run_id = params.get("runId", "")
+        if run_id in self.runs:
+            self.cancel(run_id, params.get("reason", ""))
+        elif run_id not in self.finished and run_id:
+            # Not ours any more (e.g. this process restarted): confirm it as cancelled.
+            self._spawn(self._finish(run_id, Outcome(cancelled=True)))
+        return {}
+
+    async def _on_steer(self, params: dict, client: RunnerClient) -> dict:
+        run_id = params.get("runId", "")
+        request_id = str(params.get("requestId", ""))
+        message = params.get("message", "")
+        ctx = self.runs.get(run_id)
+        if ctx is None or ctx.finished:
+            return {"outcome": "promptRequired", "reason": "noRunningTurn"}
+        if request_id in ctx.steer_ids:
+            return {"outcome": ctx.steer_ids[request_id]}
+        if ctx.cancelled:
+            return {"outcome": "promptRequired", "reason": "noRunningTurn"}
+        outcome = await self._deliver_steer(ctx, message)
+        ctx.steer_ids[request_id] = outcome
+        if outcome == "injected":
+            return {"outcome": outcome}
+        return {"outcome": outcome, "reason": "noRunningTurn"}
+
+    async def _deliver_steer(self, ctx: RunContext, message: str) -> str:
+        deliver = getattr(self.engine, "steer", None)
+        if deliver is not None:
+            return await deliver(ctx, message)
+        ctx.steers.put_nowait(message)
+        return "injected"
+
+    async def _on_lease_revoked(self, params: dict, client: RunnerClient) -> dict:
+        lease_id = params.get("leaseId", "")
+        self.revoked_leases.add(lease_id)
+        log.info("lease %s revoked by the server", lease_id)
+        return {}
+
+    # -- executions --------------------------------------------------------------------
+
+    def cancel(self, run_id: str, reason: str = "") -> None:
+        ctx = self.runs.get(run_id)
+        if ctx is None or ctx.cancelled:
+            return
+        ctx.cancel_reason = reason or "cancelled"
+        ctx.cancel_event.set()
+        self._spawn(self._enforce_cancel(ctx))
+
+    async def _enforce_cancel(self, ctx: RunContext) -> None:
+        """An engine that ignores its cancel is torn down after its grace period."""
+        task = self.tasks.get(ctx.run_id)
+        if task is None:
+            return
+        done, _ = await asyncio.wait([task], timeout=self.engine.cancel_grace)
+        if not done:
+            log.warning(
+                "run %s ignored its cancel for %.1fs; stopping it",
+                ctx.run_id,
+                self.engine.cancel_grace,
+            )
+            ctx.data["torn_down"] = True
+            task.cancel()
+
+    def _launch(self, ctx: RunContext) -> None:
+        self.runs[ctx.run_id] = ctx
+        self.tasks[ctx.run_id] = asyncio.create_task(
+            self._execute(ctx), name=f"canopy-run-{ctx.run_id}"
+        )
+
+    async def _execute(self, ctx: RunContext) -> None:
+        try:
+            try:
+                outcome = await self.engine.run(ctx)
+            except Cancelled:
+                outcome = Outcome(cancelled=True)
+            except asyncio.CancelledError:
+                if not ctx.cancelled:
+                    raise  # the host itself is stopping
+                # Torn down after ignoring its cancel: go on to report it, uncancelled, so
+                # the timeouts inside run.finish still work.
+                asyncio.current_task().uncancel()
+                outcome = Outcome(cancelled=True)
+            except (ClientClosed, Fenced):
+                raise
+            except RpcError as exc:
+                outcome = Outcome(error=f"{exc.message} (code {exc.code})")
+            except Exception as exc:
+                log.exception("run %s failed", ctx.run_id)
+                outcome = Outcome(error=f"{type(exc).__name__}: {exc}")
+            if ctx.cancelled and not outcome.cancelled:
+                # A cancel won the race against a normal end: report what was asked.
+                outcome = Outcome(cancelled=True, output=outcome.output)
+            await self._finish(ctx.run_id, outcome)
+        finally:
+            ctx.finished = True
+            self.finished.add(ctx.run_id)
+            self.runs.pop(ctx.run_id, None)
+
+    async def _finish(self, run_id: str, outcome: Outcome) -> None:
+        """Finish once; survive reconnects (the call waits and resends)."""
+        while True:
+            try:
+                await self.client.finish(
+                    run_id,
+                    output=outcome.output,
+                    error=outcome.error,
+                    cancelled=True if outcome.cancelled else None,
+                )
+                return
+            except (ClientClosed, Fenced):
+                log.warning("run %s not finished: the connection is gone for good", run_id)
+                return
+            except ClientError as exc:
+                log.warning("finishing run %s failed (%s); retrying", run_id, exc)
+                await asyncio.sleep(1)
+            except RpcError as exc:
+                log.warning("server refused run.finish of %s: %s", run_id, exc)
+                return
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+def text_event(text: str) -> dict:
+    return event("text", text)

@@ -1,0 +1,165 @@
+"""A real daphne server process on a free port, against the test database.
+
+Import the fixtures into a test module (``from tests.live_server import daphne_server``) and
+mark the tests ``@pytest.mark.django_db(transaction=True)``: the server is another process, so
+it only sees committed rows.
+
+The subprocess uses the database pytest-django created: for SQLite the test file (with the same
+WAL / busy-timeout / IMMEDIATE options the settings use, passed in the URL), for PostgreSQL the
+test database name on the same server. ``REDIS_URL`` passes through, so with it set the suite
+exercises the Redis channel layer too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import pytest
+from django.conf import settings
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+SQLITE_OPTIONS = "timeout=20&transaction_mode=IMMEDIATE&init_command=" + quote(
+    "PRAGMA journal_mode=WAL;PRAGMA synchronous=NORMAL;PRAGMA busy_timeout=20000;", safe=""
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def database_url() -> str:
+    """A DATABASE_URL for the test database pytest-django set up in this process."""
+    db = settings.DATABASES["default"]
+    engine = db["ENGINE"]
+    if engine == "django.db.backends.sqlite3":
+        name = str(db["NAME"])
+        if name in (":memory:", "") or name.startswith("file:memorydb"):
+            raise RuntimeError("a live server cannot share an in-memory SQLite database")
+        return f"sqlite:///{os.path.abspath(name)}?{SQLITE_OPTIONS}"
+    if engine == "django.db.backends.postgresql":
+        original = os.environ.get("DATABASE_URL", "")
+        parts = urlsplit(original)
+        return urlunsplit(parts._replace(path="/" + quote(db["NAME"])))
+    raise RuntimeError(f"no live-server support for {engine}")
+
+
+class DaphneServer:
+    """One daphne process; stop/start/restart keep the port so clients can reconnect."""
+
+    def __init__(self, env: dict[str, str] | None = None, port: int | None = None):
+        self.port = port or free_port()
+        self.extra_env = dict(env or {})
+        self.process: subprocess.Popen | None = None
+        self.log_file = tempfile.NamedTemporaryFile(
+            prefix="canopy-daphne-", suffix=".log", delete=False
+        )
+        self.starts = 0
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws/runner/"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["DATABASE_URL"] = database_url()
+        env["DJANGO_SETTINGS_MODULE"] = "dashboard.settings"
+        env.setdefault("RUNNER_GRACE_SECONDS", "30")
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.extra_env)
+        return env
+
+    def start(self, timeout: float = 30.0) -> DaphneServer:
+        assert self.process is None or self.process.poll() is not None, "already running"
+        daphne = Path(sys.executable).parent / "daphne"
+        command = [str(daphne)] if daphne.exists() else [sys.executable, "-m", "daphne"]
+        command += ["-b", "127.0.0.1", "-p", str(self.port), "dashboard.asgi:application"]
+        self.process = subprocess.Popen(
+            command,
+            cwd=BASE_DIR,
+            env=self.env(),
+            stdout=self.log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.starts += 1
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"daphne exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"daphne did not listen on {self.port} in {timeout}s:\n{self.log()}")
+
+    def stop(self, kill: bool = False, timeout: float = 10.0) -> None:
+        """Stop the server: SIGKILL (a crash) with ``kill``, else SIGTERM (a clean stop)."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout)
+
+    def restart(self, kill: bool = False, pause: float = 0.0) -> DaphneServer:
+        self.stop(kill=kill)
+        if pause:
+            time.sleep(pause)
+        return self.start()
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log(self) -> str:
+        self.log_file.flush()
+        return Path(self.log_file.name).read_text(errors="replace")[-20000:]
+
+    def close(self) -> None:
+        self.stop()
+        self.log_file.close()
+        with_path = Path(self.log_file.name)
+        if with_path.exists():
+            with_path.unlink()
+
+
+@pytest.fixture
+def daphne_factory(transactional_db):
+    """``start(**env)`` → a running :class:`DaphneServer`; all are stopped after the test."""
+    servers: list[DaphneServer] = []
+
+    def start(**env) -> DaphneServer:
+        server = DaphneServer({k: str(v) for k, v in env.items()})
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        # Shown by pytest only when the test failed: what the server said.
+        print(f"--- daphne log (port {server.port}) ---\n{server.log()}")
+        server.close()
+
+
+@pytest.fixture
+def daphne_server(daphne_factory):
+    """A running server with the default settings (use ``daphne_factory`` to set env)."""
+    return daphne_factory()
