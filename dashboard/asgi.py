@@ -4,17 +4,24 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
 
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 
-django_asgi_app = get_asgi_application()
+# The dashboard's CSS and ES modules are served by the same process (no build step, no CDN,
+# no separate web server needed for the embedded default).
+django_asgi_app = ASGIStaticFilesHandler(get_asgi_application())
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
+from dashboard.live import live_application  # noqa: E402
 from delegation.consumers import RunnerConsumer  # noqa: E402
 
 websocket_routes = [
+    # Runners authenticate with their own bearer token; no session, no Origin check.
     path("ws/runner/", RunnerConsumer.as_asgi()),
+    # Operators: session (Origin checked against ALLOWED_HOSTS) or an API bearer token.
+    path("ws/live/", live_application()),
 ]
 
 application = ProtocolTypeRouter(

@@ -1,6 +1,20 @@
 from django.contrib import admin
 from django.urls import path
 
+from dashboard import views
+
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("api/", ("dashboard.api.urls", "api", "api")),
+    path("", views.home, name="home"),
+    path("login/", views.LoginView.as_view(), name="login"),
+    path("logout/", views.LogoutView.as_view(), name="logout"),
+    path("trees/", views.trees, name="trees"),
+    path("trees/<str:run_id>/", views.tree, name="tree"),
+    path("runs/<str:run_id>/", views.run_detail, name="run"),
+    path("runs/<str:run_id>/cancel/", views.run_cancel, name="run-cancel"),
+    path("runs/<str:run_id>/steer/", views.run_steer, name="run-steer"),
+    path("leases/<int:pk>/release/", views.lease_release, name="lease-release"),
+    path("runners/", views.runners, name="runners"),
+    path("audit/", views.audit, name="audit"),
 ]

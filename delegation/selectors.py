@@ -93,3 +93,111 @@ def live_descendants(run: Run) -> list[Run]:
 def child_counts(run: Run) -> dict[str, int]:
     rows = Run.objects.filter(parent=run).values("status").annotate(n=Count("id"))
     return {row["status"]: row["n"] for row in rows}
+
+
+# --- Dashboard reads (trees, summaries) -----------------------------------------------------
+
+TREE_ROW_FIELDS = (
+    "pk",
+    "run_id",
+    "parent_id",
+    "root_id",
+    "depth",
+    "status",
+    "profile",
+    "runner__name",
+    "created_at",
+    "finished_at",
+    "last_sequence",
+    "refused_spawns",
+    "cancel_requested_at",
+    "lease_id",
+)
+
+
+def _millis(value) -> int | None:
+    return int(value.timestamp() * 1000) if value is not None else None
+
+
+def tree_rows(top: Run, only_pks=None) -> list[dict]:
+    """Compact rows for ``top``'s subtree (the whole tree when ``top`` is a root).
+
+    Each row carries what a tree line shows: depth, status, profile, runner, times, event
+    count (the head sequence: events are numbered without gaps), refused spawns, whether a
+    cancel was requested, and the active lease the run holds (with its expiry). With
+    ``only_pks`` just those runs are read (a doorbell names the run that changed); the caller
+    decides whether they belong to the subtree. Rows come parents first (depth, then id).
+    """
+    from delegation.models import Lease, LeaseState
+
+    root_pk = top.root_id or top.pk
+    runs = Run.objects.filter(Q(pk=root_pk) | Q(root_id=root_pk))
+    if only_pks is not None:
+        runs = runs.filter(pk__in=list(only_pks))
+    elif top.root_id is not None:
+        runs = runs.filter(depth__gte=top.depth)
+    values = list(runs.order_by("depth", "id").values(*TREE_ROW_FIELDS))
+    if only_pks is None and top.root_id is not None:
+        keep = {top.pk}
+        branch = []
+        for row in values:
+            if row["pk"] == top.pk or row["parent_id"] in keep:
+                keep.add(row["pk"])
+                branch.append(row)
+        values = branch
+    parent_pks = {row["parent_id"] for row in values if row["parent_id"]}
+    known = {row["pk"]: row["run_id"] for row in values}
+    missing = parent_pks - known.keys()
+    if missing:
+        known.update(Run.objects.filter(pk__in=missing).values_list("pk", "run_id"))
+    leases = {}
+    lease_rows = Lease.objects.filter(
+        Q(parent_run_id=root_pk) | Q(parent_run__root_id=root_pk), state=LeaseState.ACTIVE
+    ).values("parent_run_id", "lease_id", "expires_at")
+    for lease in lease_rows:
+        leases.setdefault(lease["parent_run_id"], []).append(
+            {"leaseId": lease["lease_id"], "expiresAt": _millis(lease["expires_at"])}
+        )
+    return [
+        {
+            "pk": row["pk"],
+            "runId": row["run_id"],
+            "parentRunId": known.get(row["parent_id"], "") if row["parent_id"] else "",
+            "parentPk": row["parent_id"],
+            "depth": row["depth"],
+            "status": row["status"],
+            "profile": row["profile"],
+            "runner": row["runner__name"],
+            "createdAt": _millis(row["created_at"]),
+            "finishedAt": _millis(row["finished_at"]),
+            "events": row["last_sequence"],
+            "refusedSpawns": row["refused_spawns"],
+            "cancelRequested": row["cancel_requested_at"] is not None,
+            "underLease": row["lease_id"] is not None,
+            "leases": leases.get(row["pk"], []),
+        }
+        for row in values
+    ]
+
+
+def tree_summaries(root_pks) -> dict[int, dict]:
+    """Per root: run counts by status, the deepest depth and the total, in one query."""
+    from django.db.models import Max
+    from django.db.models.functions import Coalesce
+
+    root_pks = list(root_pks)
+    summaries = {pk: {"counts": {}, "maxDepth": 0, "runs": 0} for pk in root_pks}
+    if not root_pks:
+        return summaries
+    rows = (
+        Run.objects.filter(Q(pk__in=root_pks) | Q(root_id__in=root_pks))
+        .annotate(tree=Coalesce("root_id", "id"))
+        .values("tree", "status")
+        .annotate(n=Count("id"), deepest=Max("depth"))
+    )
+    for row in rows:
+        summary = summaries[row["tree"]]
+        summary["counts"][row["status"]] = row["n"]
+        summary["runs"] += row["n"]
+        summary["maxDepth"] = max(summary["maxDepth"], row["deepest"])
+    return summaries

@@ -1,0 +1,914 @@
+"""The live socket for operators, ``/ws/live/`` (SPEC §7).
+
+Authentication: the browser's Django session (the handshake's ``Origin`` must be one of
+``ALLOWED_HOSTS``), or ``Authorization: Bearer <api token>`` for scripts (a browser cannot
+set that header, so a token handshake needs no Origin; one that sends an Origin still has it
+checked). The user needs the viewer role at least. Refusals close the socket right after the
+handshake with 4401 (not signed in / bad token) or 4403 (no role).
+
+Protocol. One JSON object per text frame, decoded strictly (unknown fields, duplicate keys,
+wrong types and nulls are refused; the error names the field). Client to server:
+
+``{"type": "subscribe", "runId": R, "after": N}``
+    The run's events with ``sequence > N`` (``after`` defaults to 0), replayed from the
+    database, then pushed as they commit; plus the run's state whenever it changes.
+``{"type": "subscribe", "treeId": R}``
+    The subtree under run R (the whole tree when R is a root): every run of it as a row,
+    in chunks (``tree`` frames, the last with ``"more": false``), then a ``rows`` frame for
+    each run that appears or changes (status, event count, lease, refused spawns, ...).
+    Resubscribing resends the whole snapshot; rows are upserts keyed by ``runId``.
+``{"type": "subscribe", "roots": [R, ...], "newTrees": true}``
+    For the trees overview: a ``summary`` frame per root (counts by status, deepest depth,
+    number of runs) now and whenever the tree changes, and with ``newTrees`` a ``newTree``
+    frame whenever a top-level run opens.
+``{"type": "subscribe", "runners": true}``
+    ``runners`` frames with every runner's connection state, now and on every change.
+``{"type": "unsubscribe", ...}``
+    The same keys as the subscription to drop (``runId``, ``treeId``, ``roots``,
+    ``runners``).
+``{"type": "ping"}``
+    Answered by ``{"type": "pong"}``.
+
+Server to client: ``hello`` (once: heartbeat period, server time, user and role),
+``subscribed``, ``run`` (a run's ``Result`` fields without events, plus times and head),
+``events`` (``runId`` and a list of events in sequence order, each with ``actor`` and
+``createdAt``), ``tree``, ``rows``, ``summary``, ``newTree``, ``runners``, ``heartbeat`` and
+``error`` (``code``, ``field``, ``message``).
+
+Delivery. The database is the record and the channel layer only rings a doorbell (which
+may be lost). On every doorbell, and for every subscription on every heartbeat, the socket
+reads from the database everything after what it has already sent on this connection, so
+the events of a run arrive gap-free, duplicate-free and in sequence order whatever the
+channel layer dropped. All reads and sends happen in one worker task per socket, so frames
+never interleave. Every ``LIVE_HEARTBEAT_SECONDS`` the server catches up and then sends
+``{"type": "heartbeat", "at": ms, "runs": {runId: lastSentSequence}, "trees": {...}}``: a
+client whose last sequence for a run is below the head missed frames and resubscribes with
+``after`` = its last sequence; a client that hears nothing for a few heartbeat periods
+treats the socket as dead and reconnects the same way. A client that reconnects with its
+last sequence loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from channels.auth import AuthMiddlewareStack
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.security.websocket import AllowedHostsOriginValidator
+from django.conf import settings
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from delegation import notify, roles, selectors, services
+from delegation.errors import RpcError
+from delegation.models import TERMINAL_STATUSES, Event, Run, Runner
+from delegation.wire import describe, dumps, loads_strict, valid_id
+
+log = logging.getLogger(__name__)
+
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+EVENT_PAGE = 500
+TREE_CHUNK = 1000
+MAX_FRAME_CHARS = 256 * 1024
+MAX_RUN_SUBSCRIPTIONS = 200
+MAX_TREE_SUBSCRIPTIONS = 20
+MAX_ROOTS = 200
+TREE_OVERLAP_SECONDS = 5.0
+
+
+# --- Frames in -------------------------------------------------------------------------------
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def _run_id(value: str, name: str) -> str:
+    return valid_id(value, name)
+
+
+class SubscribeRun(_In):
+    type: Literal["subscribe"]
+    run_id: str = Field(alias="runId")
+    after: int = Field(default=0, ge=0)
+
+    @field_validator("run_id")
+    @classmethod
+    def _id(cls, value: str) -> str:
+        return _run_id(value, "runId")
+
+
+class SubscribeTree(_In):
+    type: Literal["subscribe"]
+    tree_id: str = Field(alias="treeId")
+
+    @field_validator("tree_id")
+    @classmethod
+    def _id(cls, value: str) -> str:
+        return _run_id(value, "treeId")
+
+
+class SubscribeRoots(_In):
+    type: Literal["subscribe"]
+    roots: list[str] = Field(max_length=MAX_ROOTS)
+    new_trees: bool = Field(default=False, alias="newTrees")
+
+    @field_validator("roots")
+    @classmethod
+    def _ids(cls, value: list[str]) -> list[str]:
+        for index, item in enumerate(value):
+            _run_id(item, f"roots[{index}]")
+        return value
+
+
+class SubscribeRunners(_In):
+    type: Literal["subscribe"]
+    runners: Literal[True]
+
+
+class Unsubscribe(_In):
+    type: Literal["unsubscribe"]
+    run_id: str = Field(default=None, alias="runId")
+    tree_id: str = Field(default=None, alias="treeId")
+    roots: list[str] = Field(default=None)
+    runners: Literal[True] = Field(default=None)
+
+
+class Ping(_In):
+    type: Literal["ping"]
+
+
+SUBSCRIPTION_KEYS = {
+    "runId": SubscribeRun,
+    "treeId": SubscribeTree,
+    "roots": SubscribeRoots,
+    "runners": SubscribeRunners,
+}
+
+
+class FrameError(Exception):
+    def __init__(self, field: str, message: str, code: str = "invalid"):
+        super().__init__(message)
+        self.field = field
+        self.message = message
+        self.code = code
+
+
+def parse_client_frame(text: str):
+    """Decode one client frame strictly into its model, or raise FrameError naming the field."""
+    try:
+        frame = loads_strict(text)
+    except RpcError as exc:
+        raise FrameError("", exc.message) from None
+    if not isinstance(frame, dict):
+        raise FrameError("", "frame: must be a JSON object")
+    kind = frame.get("type")
+    if "type" not in frame:
+        raise FrameError("type", "type: required field missing")
+    if kind == "subscribe":
+        present = [key for key in SUBSCRIPTION_KEYS if key in frame]
+        if len(present) != 1:
+            raise FrameError(
+                "runId",
+                "subscribe: exactly one of runId, treeId, roots or runners is required",
+            )
+        model = SUBSCRIPTION_KEYS[present[0]]
+    elif kind == "unsubscribe":
+        model = Unsubscribe
+    elif kind == "ping":
+        model = Ping
+    else:
+        raise FrameError(
+            "type", f"type: must be 'subscribe', 'unsubscribe' or 'ping', got {kind!r}"
+        )
+    try:
+        return model.model_validate(frame, strict=True)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]["loc"]
+        return_field = ".".join(str(p) for p in first if not str(p).startswith("function"))
+        raise FrameError(return_field, describe(exc)) from None
+
+
+# --- Frames out (documented and checked by the tests; built as dicts for speed) -------------
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+
+class LiveEvent(_Out):
+    sequence: int
+    kind: str
+    text: str | None = None
+    tool_name: str | None = Field(default=None, alias="toolName")
+    tool_call_id: str | None = Field(default=None, alias="toolCallId")
+    input: Any = None
+    tool_output: Any = Field(default=None, alias="toolOutput")
+    success: bool | None = None
+    error: str | None = None
+    truncated: bool = False
+    actor: str = ""
+    data: Any = None
+    created_at: int = Field(alias="createdAt")
+
+
+class HelloFrame(_Out):
+    type: Literal["hello"]
+    heartbeat_seconds: float = Field(alias="heartbeatSeconds")
+    server_time: int = Field(alias="serverTime")
+    user: str
+    role: str
+    can_act: bool = Field(alias="canAct")
+
+
+class SubscribedFrame(_Out):
+    type: Literal["subscribed"]
+    run_id: str | None = Field(default=None, alias="runId")
+    tree_id: str | None = Field(default=None, alias="treeId")
+    roots: list[str] | None = None
+    runners: bool | None = None
+    after: int | None = None
+
+
+class RunState(_Out):
+    runner_id: str = Field(alias="runnerId")
+    host_instance_id: str = Field(alias="hostInstanceId")
+    conversation_id: str = Field(alias="conversationId")
+    run_id: str = Field(alias="runId")
+    parent_conversation_id: str = Field(alias="parentConversationId")
+    parent_run_id: str = Field(alias="parentRunId")
+    extension_id: str = Field(alias="extensionId")
+    profile: str
+    done: bool
+    cancelled: bool
+    error: str
+    output: str
+    depth: int
+    status: str
+    last_sequence: int = Field(alias="lastSequence")
+    created_at: int = Field(alias="createdAt")
+    finished_at: int | None = Field(alias="finishedAt")
+    cancel_requested_at: int | None = Field(alias="cancelRequestedAt")
+    cancel_reason: str = Field(alias="cancelReason")
+    refused_spawns: int = Field(alias="refusedSpawns")
+
+
+class RunFrame(_Out):
+    type: Literal["run"]
+    run: RunState
+
+
+class EventsFrame(_Out):
+    type: Literal["events"]
+    run_id: str = Field(alias="runId")
+    events: list[LiveEvent]
+
+
+class TreeRow(_Out):
+    pk: int
+    run_id: str = Field(alias="runId")
+    parent_run_id: str = Field(alias="parentRunId")
+    parent_pk: int | None = Field(alias="parentPk")
+    depth: int
+    status: str
+    profile: str
+    runner: str
+    created_at: int = Field(alias="createdAt")
+    finished_at: int | None = Field(alias="finishedAt")
+    events: int
+    refused_spawns: int = Field(alias="refusedSpawns")
+    cancel_requested: bool = Field(alias="cancelRequested")
+    under_lease: bool = Field(alias="underLease")
+    leases: list[dict[str, Any]]
+
+
+class TreeFrame(_Out):
+    type: Literal["tree"]
+    tree_id: str = Field(alias="treeId")
+    runs: list[TreeRow]
+    more: bool
+
+
+class RowsFrame(_Out):
+    type: Literal["rows"]
+    tree_id: str = Field(alias="treeId")
+    runs: list[TreeRow]
+
+
+class SummaryFrame(_Out):
+    type: Literal["summary"]
+    tree_id: str = Field(alias="treeId")
+    counts: dict[str, int]
+    max_depth: int = Field(alias="maxDepth")
+    runs: int
+    status: str
+
+
+class NewTreeFrame(_Out):
+    type: Literal["newTree"]
+    tree_id: str = Field(alias="treeId")
+
+
+class RunnersFrame(_Out):
+    type: Literal["runners"]
+    runners: list[dict[str, Any]]
+
+
+class HeartbeatFrame(_Out):
+    type: Literal["heartbeat"]
+    at: int
+    runs: dict[str, int]
+    trees: dict[str, int]
+
+
+class ErrorFrame(_Out):
+    type: Literal["error"]
+    code: str
+    field: str
+    message: str
+
+
+SERVER_FRAMES = {
+    "hello": HelloFrame,
+    "subscribed": SubscribedFrame,
+    "run": RunFrame,
+    "events": EventsFrame,
+    "tree": TreeFrame,
+    "rows": RowsFrame,
+    "summary": SummaryFrame,
+    "newTree": NewTreeFrame,
+    "runners": RunnersFrame,
+    "heartbeat": HeartbeatFrame,
+    "error": ErrorFrame,
+    "pong": None,
+}
+
+
+# --- Reads (sync, run in a thread) -----------------------------------------------------------
+
+
+def _ms(value) -> int | None:
+    return int(value.timestamp() * 1000) if value is not None else None
+
+
+def live_event(event: Event) -> dict:
+    wire = selectors.event_wire(event)
+    wire["truncated"] = event.truncated
+    wire["actor"] = event.actor
+    if event.data is not None:
+        wire["data"] = event.data
+    wire["createdAt"] = _ms(event.created_at)
+    return wire
+
+
+def run_state(run: Run) -> dict:
+    state = selectors.snapshot(run)
+    del state["events"]
+    state.update(
+        lastSequence=run.last_sequence,
+        createdAt=_ms(run.created_at),
+        finishedAt=_ms(run.finished_at),
+        cancelRequestedAt=_ms(run.cancel_requested_at),
+        cancelReason=run.cancel_reason,
+        refusedSpawns=run.refused_spawns,
+    )
+    return state
+
+
+def _find_run(run_id: str) -> Run | None:
+    return selectors.get_run(run_id)
+
+
+def _run_delta(run_pk: int, after: int, limit: int):
+    run = Run.objects.select_related(*selectors.RESULT_RELATED).filter(pk=run_pk).first()
+    if run is None:
+        return None, []
+    events = list(
+        Event.objects.filter(run_id=run_pk, sequence__gt=after).order_by("sequence")[:limit]
+    )
+    return run_state(run), [live_event(e) for e in events]
+
+
+def _tree_rows(top_pk: int, only_pks=None, since=None):
+    """Rows of the subtree; with ``since``, only runs changed after it (plus ``only_pks``).
+
+    A doorbell names one run, but a ring may be lost or coalesced with others of the same
+    tree, so the changed set is read from ``updated_at`` (with an overlap for transactions
+    that committed late) and the heartbeat still diffs the whole tree.
+    """
+    from django.db.models import Q
+
+    from delegation.models import Lease
+
+    top = Run.objects.filter(pk=top_pk).first()
+    if top is None:
+        return []
+    if since is None:
+        return selectors.tree_rows(top, only_pks)
+    root_pk = top.root_id or top.pk
+    pks = set(only_pks or ())
+    pks.update(
+        Run.objects.filter(Q(pk=root_pk) | Q(root_id=root_pk), updated_at__gte=since).values_list(
+            "pk", flat=True
+        )
+    )
+    pks.update(
+        Lease.objects.filter(Q(parent_run_id=root_pk) | Q(parent_run__root_id=root_pk))
+        .filter(Q(created_at__gte=since) | Q(ended_at__gte=since))
+        .values_list("parent_run_id", flat=True)
+    )
+    return selectors.tree_rows(top, pks)
+
+
+def _summaries(root_pks):
+    summaries = selectors.tree_summaries(root_pks)
+    statuses = dict(Run.objects.filter(pk__in=list(root_pks)).values_list("pk", "status"))
+    for pk, summary in summaries.items():
+        summary["status"] = statuses.get(pk, "")
+    return summaries
+
+
+def runner_rows() -> list[dict]:
+    rows = []
+    for runner in Runner.objects.prefetch_related("presets").order_by("name"):
+        rows.append(
+            {
+                "runnerId": runner.name,
+                "connected": runner.connected,
+                "generation": runner.connection_generation,
+                "hostInstanceId": runner.host_instance_id,
+                "lastSeenAt": _ms(runner.last_seen_at),
+                "lostAt": _ms(runner.lost_at),
+                "revoked": runner.revoked_at is not None,
+                "presets": [
+                    {"extensionId": p.extension_id, "generation": p.generation, "name": p.name}
+                    for p in runner.presets.all()
+                ],
+            }
+        )
+    return rows
+
+
+def _authorise(user, token: str):
+    """The user behind the session or the bearer token, and their role (or None)."""
+    if token:
+        user = services.authenticate_api_token(token)
+    if user is None or not getattr(user, "is_authenticated", False):
+        return None, None
+    return user, roles.role_of(user)
+
+
+def _can_act(user) -> bool:
+    return roles.can_act(user)
+
+
+# --- The consumer ----------------------------------------------------------------------------
+
+
+@dataclass
+class _RunSub:
+    pk: int
+    run_id: str
+    root_pk: int
+    sent: int
+    state: tuple | None = None
+
+
+@dataclass
+class _TreeSub:
+    top_pk: int
+    run_id: str
+    root_pk: int
+    whole: bool
+    rows: dict[int, tuple] = field(default_factory=dict)  # pk -> fingerprint sent
+    ready: bool = False
+    read_at: float = 0.0  # when the rows were last read (epoch seconds)
+
+
+def _fingerprint(row: dict) -> tuple:
+    return (
+        row["status"],
+        row["events"],
+        row["refusedSpawns"],
+        row["cancelRequested"],
+        row["finishedAt"],
+        tuple((lease["leaseId"], lease["expiresAt"]) for lease in row["leases"]),
+    )
+
+
+def _run_fingerprint(state: dict) -> tuple:
+    return (
+        state["status"],
+        state["lastSequence"],
+        state["done"],
+        state["cancelled"],
+        state["error"],
+        len(state["output"]),
+        hash(state["output"]),
+        state["cancelRequestedAt"],
+        state["refusedSpawns"],
+    )
+
+
+def _bearer(scope) -> str:
+    for key, value in scope.get("headers", []):
+        if key.lower() == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else ""
+    return ""
+
+
+class LiveConsumer(AsyncWebsocketConsumer):
+    async def connect(self):
+        self.runs: dict[int, _RunSub] = {}
+        self.trees: dict[int, _TreeSub] = {}
+        self.roots: dict[int, str] = {}
+        self.root_state: dict[int, tuple] = {}
+        self.new_trees = False
+        self.runners = False
+        self.runners_state = None
+        self.groups_held: dict[str, int] = {}
+        self.dirty_runs: set[int] = set()
+        self.dirty_tree_runs: dict[int, set[int]] = {}
+        self.dirty_roots: set[int] = set()
+        self.dirty_runners = False
+        self.jobs: list = []
+        self.full_sweep = False
+        self.wake = asyncio.Event()
+        self.tasks: list[asyncio.Task] = []
+        token = _bearer(self.scope)
+        user, role = await database_sync_to_async(_authorise)(self.scope.get("user"), token)
+        await self.accept()
+        if user is None:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        if role is None:
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        self.user = user
+        self.heartbeat_seconds = float(settings.LIVE_HEARTBEAT_SECONDS)
+        await self._send(
+            {
+                "type": "hello",
+                "heartbeatSeconds": self.heartbeat_seconds,
+                "serverTime": int(time.time() * 1000),
+                "user": user.get_username(),
+                "role": role,
+                "canAct": await database_sync_to_async(_can_act)(user),
+            }
+        )
+        self.tasks.append(asyncio.ensure_future(self._work()))
+        self.tasks.append(asyncio.ensure_future(self._beat()))
+
+    async def disconnect(self, code):
+        for task in getattr(self, "tasks", []):
+            task.cancel()
+        for group in list(getattr(self, "groups_held", {})):
+            with contextlib.suppress(Exception):
+                await self.channel_layer.group_discard(group, self.channel_name)
+
+    # --- frames in -------------------------------------------------------------------------
+
+    async def receive(self, text_data=None, bytes_data=None):
+        if not hasattr(self, "user"):
+            return
+        if text_data is None:
+            await self._error("", "frame: binary frames are refused")
+            return
+        if len(text_data) > 64 * 1024:
+            await self._error("", "frame: too large (max 65536 characters)")
+            return
+        try:
+            frame = parse_client_frame(text_data)
+        except FrameError as exc:
+            await self._error(exc.field, exc.message, exc.code)
+            return
+        if isinstance(frame, Ping):
+            await self._send({"type": "pong"})
+        elif isinstance(frame, Unsubscribe):
+            self._schedule(lambda: self._unsubscribe(frame))
+        else:
+            self._schedule(lambda: self._subscribe(frame))
+
+    def _schedule(self, job):
+        self.jobs.append(job)
+        self.wake.set()
+
+    async def _subscribe(self, frame):
+        if isinstance(frame, SubscribeRun):
+            await self._subscribe_run(frame)
+        elif isinstance(frame, SubscribeTree):
+            await self._subscribe_tree(frame)
+        elif isinstance(frame, SubscribeRoots):
+            await self._subscribe_roots(frame)
+        else:
+            self.runners = True
+            self.runners_state = None
+            await self._hold(notify.RUNNERS_GROUP)
+            await self._send({"type": "subscribed", "runners": True})
+            await self._catch_up_runners()
+
+    async def _subscribe_run(self, frame: SubscribeRun):
+        run = await database_sync_to_async(_find_run)(frame.run_id)
+        if run is None:
+            await self._error("runId", f"runId: no run {frame.run_id!r}", "not_found")
+            return
+        if run.pk not in self.runs and len(self.runs) >= MAX_RUN_SUBSCRIPTIONS:
+            await self._error("runId", f"runId: at most {MAX_RUN_SUBSCRIPTIONS} runs", "limit")
+            return
+        old = self.runs.get(run.pk)
+        self.runs[run.pk] = _RunSub(run.pk, run.run_id, run.root_id or run.pk, frame.after)
+        if old is None:
+            await self._hold(notify.run_group(run.pk))
+        await self._send({"type": "subscribed", "runId": run.run_id, "after": frame.after})
+        await self._catch_up_run(self.runs[run.pk])
+
+    async def _subscribe_tree(self, frame: SubscribeTree):
+        run = await database_sync_to_async(_find_run)(frame.tree_id)
+        if run is None:
+            await self._error("treeId", f"treeId: no run {frame.tree_id!r}", "not_found")
+            return
+        if run.pk not in self.trees and len(self.trees) >= MAX_TREE_SUBSCRIPTIONS:
+            await self._error("treeId", f"treeId: at most {MAX_TREE_SUBSCRIPTIONS} trees", "limit")
+            return
+        root_pk = run.root_id or run.pk
+        old = self.trees.get(run.pk)
+        sub = _TreeSub(run.pk, run.run_id, root_pk, whole=run.root_id is None)
+        self.trees[run.pk] = sub
+        if old is None:
+            await self._hold(notify.tree_group(root_pk))
+        await self._send({"type": "subscribed", "treeId": run.run_id})
+        sub.read_at = time.time()
+        rows = await database_sync_to_async(_tree_rows)(run.pk)
+        for start in range(0, max(len(rows), 1), TREE_CHUNK):
+            chunk = rows[start : start + TREE_CHUNK]
+            more = start + TREE_CHUNK < len(rows)
+            await self._send({"type": "tree", "treeId": run.run_id, "runs": chunk, "more": more})
+        sub.rows = {row["pk"]: _fingerprint(row) for row in rows}
+        sub.ready = True
+
+    async def _subscribe_roots(self, frame: SubscribeRoots):
+        found = await database_sync_to_async(
+            lambda ids: dict(
+                Run.objects.filter(run_id__in=ids, root__isnull=True).values_list("pk", "run_id")
+            )
+        )(frame.roots)
+        for pk in found:
+            if pk not in self.roots:
+                await self._hold(notify.tree_group(pk))
+        self.roots.update(found)
+        if frame.new_trees and not self.new_trees:
+            await self._hold(notify.TREES_GROUP)
+        self.new_trees = self.new_trees or frame.new_trees
+        await self._send({"type": "subscribed", "roots": list(found.values())})
+        for pk in found:
+            self.root_state.pop(pk, None)
+        await self._catch_up_roots(set(found))
+
+    async def _unsubscribe(self, frame: Unsubscribe):
+        if frame.run_id is not None:
+            for pk, sub in list(self.runs.items()):
+                if sub.run_id == frame.run_id:
+                    del self.runs[pk]
+                    await self._release(notify.run_group(pk))
+        if frame.tree_id is not None:
+            for pk, sub in list(self.trees.items()):
+                if sub.run_id == frame.tree_id:
+                    del self.trees[pk]
+                    await self._release(notify.tree_group(sub.root_pk))
+        if frame.roots is not None:
+            for pk, run_id in list(self.roots.items()):
+                if run_id in frame.roots:
+                    del self.roots[pk]
+                    self.root_state.pop(pk, None)
+                    await self._release(notify.tree_group(pk))
+        if frame.runners:
+            self.runners = False
+            await self._release(notify.RUNNERS_GROUP)
+
+    async def _hold(self, group: str):
+        count = self.groups_held.get(group, 0)
+        self.groups_held[group] = count + 1
+        if count == 0:
+            await self.channel_layer.group_add(group, self.channel_name)
+
+    async def _release(self, group: str):
+        count = self.groups_held.get(group, 0) - 1
+        if count <= 0:
+            self.groups_held.pop(group, None)
+            await self.channel_layer.group_discard(group, self.channel_name)
+        else:
+            self.groups_held[group] = count
+
+    # --- doorbells ---------------------------------------------------------------------------
+
+    async def run_changed(self, message):
+        run_pk, root_pk = message.get("run"), message.get("root")
+        if run_pk in self.runs:
+            self.dirty_runs.add(run_pk)
+        if any(sub.root_pk == root_pk for sub in self.trees.values()):
+            self.dirty_tree_runs.setdefault(root_pk, set()).add(run_pk)
+        if root_pk in self.roots:
+            self.dirty_roots.add(root_pk)
+        if self.new_trees and message.get("new") and run_pk == root_pk:
+            self._schedule(lambda: self._new_tree(run_pk))
+        self.wake.set()
+
+    async def runner_changed(self, message):
+        if self.runners:
+            self.dirty_runners = True
+            self.wake.set()
+
+    # --- the worker: every read and send happens here, one at a time ---------------------------
+
+    async def _work(self):
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            try:
+                await self._drain()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("live catch-up failed; retrying on the next doorbell or heartbeat")
+
+    async def _drain(self):
+        while self.jobs or self.dirty_runs or self.dirty_tree_runs or self.dirty_roots:
+            while self.jobs:
+                job = self.jobs.pop(0)
+                await job()
+            dirty_runs, self.dirty_runs = self.dirty_runs, set()
+            for pk in sorted(dirty_runs):
+                if pk in self.runs:
+                    await self._catch_up_run(self.runs[pk])
+            dirty_trees, self.dirty_tree_runs = self.dirty_tree_runs, {}
+            for root_pk, run_pks in dirty_trees.items():
+                for sub in list(self.trees.values()):
+                    if sub.root_pk == root_pk and sub.ready:
+                        await self._catch_up_tree(sub, run_pks)
+            dirty_roots, self.dirty_roots = self.dirty_roots, set()
+            if dirty_roots:
+                await self._catch_up_roots(dirty_roots)
+        if self.dirty_runners:
+            self.dirty_runners = False
+            await self._catch_up_runners()
+
+    async def _beat(self):
+        """Catch every subscription up from the database, then tell the client the heads."""
+        while True:
+            await asyncio.sleep(self.heartbeat_seconds)
+            self.jobs.append(self._sweep_and_beat)
+            self.wake.set()
+
+    async def _sweep_and_beat(self):
+        for sub in list(self.runs.values()):
+            await self._catch_up_run(sub)
+        for sub in list(self.trees.values()):
+            if sub.ready:
+                await self._catch_up_tree(sub, None)
+        if self.roots:
+            await self._catch_up_roots(set(self.roots))
+        if self.runners:
+            await self._catch_up_runners()
+        await self._send(
+            {
+                "type": "heartbeat",
+                "at": int(time.time() * 1000),
+                "runs": {sub.run_id: sub.sent for sub in self.runs.values()},
+                "trees": {sub.run_id: len(sub.rows) for sub in self.trees.values()},
+            }
+        )
+
+    async def _catch_up_run(self, sub: _RunSub):
+        while True:
+            state, events = await database_sync_to_async(_run_delta)(sub.pk, sub.sent, EVENT_PAGE)
+            if state is None:
+                return
+            fresh = []
+            for event in events:
+                # Sequences are allocated under the run's lock, so what is visible is a prefix;
+                # stopping at a hole anyway means a frame can never skip a sequence.
+                if event["sequence"] != sub.sent + len(fresh) + 1:
+                    break
+                fresh.append(event)
+            for batch in _batches(fresh):
+                await self._send({"type": "events", "runId": sub.run_id, "events": batch})
+                sub.sent = batch[-1]["sequence"]
+            fingerprint = _run_fingerprint(state)
+            if fingerprint != sub.state:
+                sub.state = fingerprint
+                await self._send({"type": "run", "run": state})
+            if len(events) < EVENT_PAGE or len(fresh) < len(events):
+                return
+
+    async def _catch_up_tree(self, sub: _TreeSub, run_pks):
+        from datetime import UTC, datetime
+
+        since = None
+        if run_pks is not None:
+            since = datetime.fromtimestamp(sub.read_at - TREE_OVERLAP_SECONDS, tz=UTC)
+        sub.read_at = time.time()
+        rows = await database_sync_to_async(_tree_rows)(sub.top_pk, run_pks, since)
+        rows.sort(key=lambda row: (row["depth"], row["pk"]))
+        changed = []
+        for row in rows:
+            if not sub.whole and row["pk"] not in sub.rows:
+                if row["parentPk"] not in sub.rows and row["pk"] != sub.top_pk:
+                    continue
+            fingerprint = _fingerprint(row)
+            if sub.rows.get(row["pk"]) != fingerprint:
+                sub.rows[row["pk"]] = fingerprint
+                changed.append(row)
+        for start in range(0, len(changed), TREE_CHUNK):
+            await self._send(
+                {"type": "rows", "treeId": sub.run_id, "runs": changed[start : start + TREE_CHUNK]}
+            )
+
+    async def _catch_up_roots(self, root_pks):
+        wanted = [pk for pk in root_pks if pk in self.roots]
+        if not wanted:
+            return
+        summaries = await database_sync_to_async(_summaries)(wanted)
+        for pk, summary in summaries.items():
+            state = (
+                summary["status"],
+                summary["runs"],
+                summary["maxDepth"],
+                tuple(sorted(summary["counts"].items())),
+            )
+            if self.root_state.get(pk) == state or pk not in self.roots:
+                continue
+            self.root_state[pk] = state
+            await self._send({"type": "summary", "treeId": self.roots[pk], **summary})
+
+    async def _catch_up_runners(self):
+        if not self.runners:
+            return
+        rows = await database_sync_to_async(runner_rows)()
+        if rows != self.runners_state:
+            self.runners_state = rows
+            await self._send({"type": "runners", "runners": rows})
+
+    async def _new_tree(self, root_pk: int):
+        run_id = await database_sync_to_async(
+            lambda: Run.objects.filter(pk=root_pk).values_list("run_id", flat=True).first()
+        )()
+        if run_id:
+            await self._send({"type": "newTree", "treeId": run_id})
+
+    # --- frames out --------------------------------------------------------------------------
+
+    async def _send(self, frame: dict):
+        await self.send(text_data=dumps(frame))
+
+    async def _error(self, field_name: str, message: str, code: str = "invalid"):
+        await self._send({"type": "error", "code": code, "field": field_name, "message": message})
+
+
+def _batches(events: list[dict]):
+    """Split events into frames of at most about MAX_FRAME_CHARS characters, in order."""
+    batch, size = [], 0
+    for event in events:
+        cost = len(dumps(event))
+        if batch and size + cost > MAX_FRAME_CHARS:
+            yield batch
+            batch, size = [], 0
+        batch.append(event)
+        size += cost
+    if batch:
+        yield batch
+
+
+TERMINAL = {str(status) for status in TERMINAL_STATUSES}
+
+
+class LiveGate:
+    """Origin check and session auth for browsers; a bearer token stands on its own.
+
+    A browser cannot put an ``Authorization`` header on a WebSocket handshake, so a handshake
+    that carries one cannot be a cross-site hijack of a session; it still has its Origin
+    checked when it sends one.
+    """
+
+    def __init__(self, inner):
+        self.browser = AllowedHostsOriginValidator(AuthMiddlewareStack(inner))
+        self.origin_checked = AllowedHostsOriginValidator(inner)
+        self.inner = inner
+
+    async def __call__(self, scope, receive, send):
+        if not _bearer(scope):
+            return await self.browser(scope, receive, send)
+        scope = dict(scope, user=None)
+        if any(key.lower() == b"origin" for key, _ in scope.get("headers", [])):
+            return await self.origin_checked(scope, receive, send)
+        return await self.inner(scope, receive, send)
+
+
+def live_application():
+    return LiveGate(LiveConsumer.as_asgi())

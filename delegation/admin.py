@@ -1,0 +1,334 @@
+"""Django admin over the record, with the operator actions.
+
+The records are read-only here (the runner protocol and the services write them); the
+actions cancel, cancel subtree, steer (with its own form) and release lease call the same
+service functions as the dashboard, the REST API and the runners, so they check the role and
+write the audit entry the same way. Who may see what follows the Canopy roles: viewers read,
+operators also act, admins also manage runners and API tokens.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.template.response import TemplateResponse
+from django.utils.html import format_html
+
+from delegation import roles
+from delegation.errors import PermissionRefused, RpcError
+from delegation.models import (
+    ApiToken,
+    AuditEntry,
+    Command,
+    Event,
+    ExtensionPreset,
+    Lease,
+    Run,
+    Runner,
+    Session,
+    SteerReceipt,
+)
+from delegation.services import Actor, do_cancel_run, do_release_lease, do_steer_run
+
+
+class RoleAdmin(admin.ModelAdmin):
+    """Read-only for everyone with a Canopy role; actions need the operator role."""
+
+    def has_module_permission(self, request):
+        return roles.can_view(request.user)
+
+    def has_view_permission(self, request, obj=None):
+        return roles.can_view(request.user)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_operate_permission(self, request):
+        return roles.can_act(request.user)
+
+
+def _actor(request) -> Actor:
+    return Actor.for_user(request.user, via="admin")
+
+
+def _report(modeladmin, request, done: list[str], refused: list[str]):
+    if done:
+        modeladmin.message_user(request, "; ".join(done), messages.SUCCESS)
+    if refused:
+        modeladmin.message_user(request, "; ".join(refused), messages.ERROR)
+
+
+def _cancel(modeladmin, request, queryset, cascade: bool):
+    done, refused = [], []
+    for run in queryset:
+        try:
+            report = do_cancel_run(
+                _actor(request), run, reason="cancelled from the admin", cascade=cascade
+            )
+        except (PermissionRefused, RpcError) as exc:
+            refused.append(f"{run.run_id}: refused: {exc}")
+            continue
+        extra = f" (+{len(report['descendants'])} descendants)" if cascade else ""
+        done.append(f"{run.run_id}: {report['outcome']}{extra}")
+    _report(modeladmin, request, done, refused)
+
+
+@admin.action(description="Cancel selected runs", permissions=["operate"])
+def cancel_runs(modeladmin, request, queryset):
+    _cancel(modeladmin, request, queryset, cascade=False)
+
+
+@admin.action(description="Cancel selected runs and their whole subtrees", permissions=["operate"])
+def cancel_subtrees(modeladmin, request, queryset):
+    _cancel(modeladmin, request, queryset, cascade=True)
+
+
+class SteerForm(forms.Form):
+    message = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 4, "cols": 80}), max_length=10000
+    )
+    request_id = forms.CharField(widget=forms.HiddenInput, max_length=128)
+
+
+@admin.action(description="Steer selected runs…", permissions=["operate"])
+def steer_runs(modeladmin, request, queryset):
+    """An intermediate form: the message, then one do_steer_run per selected run."""
+    form = None
+    if "apply" in request.POST:
+        form = SteerForm(request.POST)
+        if form.is_valid():
+            done, refused = [], []
+            for run in queryset:
+                try:
+                    answer = do_steer_run(
+                        _actor(request),
+                        run,
+                        request_id=form.cleaned_data["request_id"],
+                        message=form.cleaned_data["message"],
+                    )
+                except (PermissionRefused, RpcError) as exc:
+                    refused.append(f"{run.run_id}: refused: {exc}")
+                    continue
+                reason = f" ({answer['reason']})" if answer.get("reason") else ""
+                done.append(f"{run.run_id}: {answer['outcome']}{reason}")
+            _report(modeladmin, request, done, refused)
+            return None
+    if form is None:
+        form = SteerForm(initial={"request_id": f"admin-{uuid.uuid4().hex[:16]}"})
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": "Steer runs",
+        "runs": queryset,
+        "form": form,
+        "opts": modeladmin.model._meta,
+        "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
+    }
+    return TemplateResponse(request, "admin/delegation/run/steer.html", context)
+
+
+@admin.action(description="Release selected leases", permissions=["operate"])
+def release_leases(modeladmin, request, queryset):
+    done, refused = [], []
+    for lease in queryset:
+        try:
+            report = do_release_lease(_actor(request), lease)
+        except (PermissionRefused, RpcError) as exc:
+            refused.append(f"{lease.lease_id}: refused: {exc}")
+            continue
+        pending = (
+            f", {len(report['pending'])} child(ren) still stopping" if report["pending"] else ""
+        )
+        done.append(f"{lease.lease_id}: {report['state']}{pending}")
+    _report(modeladmin, request, done, refused)
+
+
+def _status(obj):
+    return format_html('<span class="canopy-status canopy-{}">{}</span>', obj.status, obj.status)
+
+
+@admin.register(Run)
+class RunAdmin(RoleAdmin):
+    list_display = (
+        "run_id",
+        "status_chip",
+        "depth",
+        "profile",
+        "runner",
+        "parent_link",
+        "last_sequence",
+        "refused_spawns",
+        "cancel_requested_at",
+        "created_at",
+        "finished_at",
+    )
+    list_filter = ("status", "depth", "runner", "profile", "done", "cancelled")
+    search_fields = (
+        "run_id",
+        "session__conversation_id",
+        "parent__run_id",
+        "root__run_id",
+        "request_id",
+    )
+    list_select_related = ("runner", "parent", "session")
+    date_hierarchy = "created_at"
+    actions = [cancel_runs, cancel_subtrees, steer_runs]
+    readonly_fields = [f.name for f in Run._meta.fields]
+    show_full_result_count = False
+
+    @admin.display(description="status", ordering="status")
+    def status_chip(self, obj):
+        return _status(obj)
+
+    @admin.display(description="parent", ordering="parent__run_id")
+    def parent_link(self, obj):
+        return obj.parent.run_id if obj.parent_id else "—"
+
+    def view_on_site(self, obj):
+        return f"/runs/{obj.run_id}/"
+
+
+@admin.register(Session)
+class SessionAdmin(RoleAdmin):
+    list_display = ("conversation_id", "depth", "profile", "runner", "parent", "created_at")
+    list_filter = ("depth", "runner", "profile")
+    search_fields = ("conversation_id", "parent__conversation_id", "runs__run_id")
+    list_select_related = ("runner", "parent")
+    readonly_fields = [f.name for f in Session._meta.fields]
+
+
+@admin.register(Event)
+class EventAdmin(RoleAdmin):
+    list_display = ("run", "sequence", "kind", "actor", "short_text", "success", "created_at")
+    list_filter = ("kind", "run__status", "run__depth", "run__runner", "run__profile")
+    search_fields = ("run__run_id", "tool_call_id", "actor")
+    list_select_related = ("run",)
+    readonly_fields = [f.name for f in Event._meta.fields]
+    show_full_result_count = False
+
+    @admin.display(description="text")
+    def short_text(self, obj):
+        text = obj.text or obj.error or ""
+        return text[:80] + ("…" if len(text) > 80 else "")
+
+
+@admin.register(Lease)
+class LeaseAdmin(RoleAdmin):
+    list_display = (
+        "lease_id",
+        "runner",
+        "state",
+        "extension_id",
+        "generation",
+        "parent_run",
+        "created_at",
+        "expires_at",
+        "ended_at",
+    )
+    list_filter = ("state", "runner", "extension_id", "parent_run__depth", "parent_run__profile")
+    search_fields = ("lease_id", "parent_run__run_id", "runner__name")
+    list_select_related = ("runner", "parent_run")
+    actions = [release_leases]
+    readonly_fields = [f.name for f in Lease._meta.fields]
+
+
+class PresetInline(admin.TabularInline):
+    model = ExtensionPreset
+    extra = 0
+    fields = ("extension_id", "generation", "name", "options", "registered_at")
+    readonly_fields = fields
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_view_permission(self, request, obj=None):
+        return roles.can_view(request.user)
+
+
+@admin.register(Runner)
+class RunnerAdmin(RoleAdmin):
+    list_display = (
+        "name",
+        "connected",
+        "connection_generation",
+        "host_instance_id",
+        "last_seen_at",
+        "lost_at",
+        "revoked_at",
+        "token_prefix",
+    )
+    list_filter = ("connected",)
+    search_fields = ("name", "host_instance_id")
+    inlines = [PresetInline]
+    exclude = ("token_hash",)
+    readonly_fields = [f.name for f in Runner._meta.fields if f.name != "token_hash"]
+
+
+@admin.register(ExtensionPreset)
+class ExtensionPresetAdmin(RoleAdmin):
+    list_display = ("name", "extension_id", "generation", "runner", "registered_at")
+    list_filter = ("runner", "extension_id", "name")
+    search_fields = ("name", "extension_id", "runner__name")
+    readonly_fields = [f.name for f in ExtensionPreset._meta.fields]
+
+
+@admin.register(SteerReceipt)
+class SteerReceiptAdmin(RoleAdmin):
+    list_display = ("request_id", "run", "outcome", "reason", "actor", "created_at")
+    list_filter = ("outcome", "run__runner", "run__depth", "run__profile")
+    search_fields = ("request_id", "run__run_id", "session__conversation_id", "actor")
+    readonly_fields = [f.name for f in SteerReceipt._meta.fields]
+
+
+@admin.register(Command)
+class CommandAdmin(RoleAdmin):
+    list_display = ("rpc_label", "method", "runner", "run", "attempts", "sent_at", "answered_at")
+    list_filter = ("method", "runner", "run__status", "run__depth", "run__profile")
+    search_fields = ("run__run_id", "runner__name")
+    readonly_fields = [f.name for f in Command._meta.fields]
+
+    @admin.display(description="id")
+    def rpc_label(self, obj):
+        return obj.rpc_id
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(RoleAdmin):
+    list_display = ("created_at", "actor", "via", "action", "target_type", "target_id", "outcome")
+    list_filter = ("action", "via", "target_type", "outcome")
+    search_fields = ("actor", "target_id", "reason")
+    date_hierarchy = "created_at"
+    readonly_fields = [f.name for f in AuditEntry._meta.fields]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(RoleAdmin):
+    list_display = ("user", "name", "token_prefix", "created_at", "last_used_at", "revoked_at")
+    list_filter = ("revoked_at",)
+    search_fields = ("user__username", "name", "token_prefix")
+    exclude = ("token_hash",)
+    readonly_fields = [f.name for f in ApiToken._meta.fields if f.name != "token_hash"]
+
+    def has_module_permission(self, request):
+        return roles.can_admin(request.user)
+
+    def has_view_permission(self, request, obj=None):
+        return roles.can_admin(request.user)
+
+
+admin.site.site_header = "Canopy admin"
+admin.site.site_title = "Canopy admin"
+admin.site.index_title = "The record"

@@ -1,0 +1,75 @@
+// The trees overview: live counts by status and deepest depth for the listed roots, and new
+// trees as they open (inserted at the top on the unfiltered first page, else announced).
+import { bindLiveState, el, startTicking } from "./common.js";
+import { LiveClient } from "./live.js";
+
+const STATUSES = ["running", "succeeded", "failed", "cancelled", "lost"];
+const table = document.getElementById("trees-table");
+const tbody = table.querySelector("tbody");
+const roots = JSON.parse(document.getElementById("live-roots").textContent);
+const insertNew = table.dataset.filtered === "0" && table.dataset.page === "1";
+const banner = document.getElementById("new-trees");
+let announced = 0;
+const live = new LiveClient();
+window.canopyLive = live;
+bindLiveState(live);
+startTicking();
+
+function rowFor(treeId) {
+  return tbody.querySelector(`tr[data-tree-id="${CSS.escape(treeId)}"]`);
+}
+
+function newRow(treeId) {
+  const empty = tbody.querySelector("tr.empty");
+  if (empty) empty.remove();
+  const link = el("a", { class: "mono id", href: `/trees/${encodeURIComponent(treeId)}/` }, treeId);
+  const tr = el(
+    "tr",
+    { "data-run-id": treeId, "data-tree-id": treeId, "data-status": "running", class: "fresh" },
+    el("td", {}, link),
+    el("td", {}, el("span", { class: "chip chip-running", "data-role": "status" }, "running")),
+    el("td", { "data-role": "profile" }, "—"),
+    el("td", { class: "mono", "data-role": "runner" }, ""),
+    el("td", { class: "counts", "data-role": "counts" }),
+    el("td", { class: "num", "data-role": "depth" }, "0"),
+    el("td", { class: "num", "data-role": "total" }, "1"),
+    el("td", {}, el("time", { "data-ts": Date.now(), "data-relative": "1" }, "just now")),
+    el("td", { class: "num mono", "data-duration": "1", "data-start": Date.now() }),
+  );
+  tbody.prepend(tr);
+  return tr;
+}
+
+function applySummary(frame) {
+  const tr = rowFor(frame.treeId);
+  if (!tr) return;
+  tr.dataset.status = frame.status;
+  const chip = tr.querySelector("[data-role=status]");
+  chip.className = `chip chip-${frame.status}`;
+  chip.textContent = frame.status;
+  tr.querySelector("[data-role=depth]").textContent = frame.maxDepth;
+  tr.querySelector("[data-role=total]").textContent = frame.runs;
+  tr.querySelector("[data-role=counts]").replaceChildren(
+    ...STATUSES.filter((s) => frame.counts[s]).map((s) =>
+      el("span", { class: `count count-${s}`, "data-count": s, title: s }, el("i"), String(frame.counts[s])),
+    ),
+  );
+  const duration = tr.querySelector("[data-duration]");
+  if (duration && frame.status !== "running" && !duration.dataset.end) duration.dataset.end = String(Date.now());
+}
+
+live.subscribeRoots(roots, insertNew || true, {
+  onSummary: applySummary,
+  onNewTree: (treeId) => {
+    if (rowFor(treeId)) return;
+    if (insertNew) {
+      newRow(treeId);
+      live.subscribeRoots([treeId], true, {});
+    } else {
+      announced += 1;
+      banner.hidden = false;
+      banner.querySelector("span").textContent = `${announced} new tree${announced === 1 ? "" : "s"} opened since this page loaded.`;
+    }
+  },
+});
+live.start();

@@ -1,0 +1,148 @@
+// The run page: identity and status, events live, the subtree, cancel confirmation that says
+// how many runs will stop, and the per-descendant cancel report.
+import { bindLiveState, el, formatDuration, now, startTicking } from "./common.js";
+import { renderEvent } from "./events.js";
+import { LiveClient } from "./live.js";
+import { TreeView } from "./tree.js";
+
+const TERMINAL = new Set(["succeeded", "failed", "cancelled", "lost"]);
+const head = document.getElementById("run");
+const runId = head.dataset.runId;
+const list = document.getElementById("events");
+const follow = document.getElementById("follow");
+const live = new LiveClient();
+window.canopyLive = live;
+bindLiveState(live);
+startTicking();
+
+let shown = 0;
+function appendEvents(events) {
+  const empty = list.querySelector("[data-role=empty]");
+  if (empty) empty.remove();
+  const frag = document.createDocumentFragment();
+  for (const ev of events) {
+    const li = renderEvent(ev);
+    if (shown) li.classList.add("fresh");
+    frag.append(li);
+  }
+  list.append(frag);
+  shown += events.length;
+  list.dataset.after = String(events[events.length - 1].sequence);
+  document.querySelector("[data-role=shown-count]").textContent = shown;
+  if (follow.checked) list.scrollTop = list.scrollHeight;
+}
+
+function setText(selector, value) {
+  const node = document.querySelector(selector);
+  if (node) node.textContent = value;
+}
+
+function applyRun(run) {
+  head.dataset.status = run.status;
+  const chip = head.querySelector("[data-role=status]");
+  chip.className = `chip chip-${run.status}`;
+  chip.textContent = run.status;
+  setText("[data-role=event-count]", run.lastSequence);
+  const cancelBadge = head.querySelector("[data-role=cancel-requested]");
+  cancelBadge.hidden = !run.cancelRequestedAt || TERMINAL.has(run.status);
+  for (const key of ["status", "done", "cancelled", "hostInstanceId"]) {
+    const dd = document.querySelector(`#identity [data-field="${key}"]`);
+    if (dd) dd.textContent = String(run[key]) || "—";
+  }
+  const out = document.querySelector("[data-role=output-block]");
+  out.hidden = !run.output;
+  out.querySelector("pre").textContent = run.output;
+  const err = document.querySelector("[data-role=error-block]");
+  err.hidden = !run.error;
+  err.querySelector("pre").textContent = run.error;
+  const duration = head.querySelector("[data-duration]");
+  if (duration && run.finishedAt) duration.dataset.end = run.finishedAt;
+  if (TERMINAL.has(run.status)) {
+    for (const node of document.querySelectorAll("[data-action=cancel], [data-action=steer], #steer-message")) node.disabled = true;
+  }
+}
+
+live.subscribeRun(runId, 0, { onEvents: appendEvents, onRun: applyRun });
+
+// --- Subtree, stop count, cancel report ----------------------------------------------------------
+
+const subtree = new TreeView(document.getElementById("subtree"), { topId: runId, mini: true });
+const report = document.getElementById("cancel-report");
+
+function refreshCounts() {
+  const liveBelow = subtree.liveDescendants(runId).length;
+  const self = subtree.rows.get(runId);
+  const stop = liveBelow + (self && !TERMINAL.has(self.status) ? 1 : 0);
+  setText("[data-role=live-descendants]", liveBelow);
+  const button = document.querySelector("[data-action=cancel-subtree]");
+  if (button) {
+    button.dataset.count = stop;
+    button.querySelector("[data-role=stop-count]").textContent = stop;
+    button.disabled = stop === 0;
+  }
+  if (report) updateReport();
+}
+
+function updateReport() {
+  const requestedAt = Number(report.dataset.requestedAt);
+  for (const tr of report.querySelectorAll("[data-report-run]")) {
+    const row = subtree.rows.get(tr.dataset.reportRun);
+    const cell = tr.querySelector("[data-role=now]");
+    if (!row) continue;
+    tr.dataset.status = row.status;
+    if (TERMINAL.has(row.status)) {
+      const after = row.finishedAt ? ` after ${formatDuration(row.finishedAt - requestedAt)}` : "";
+      cell.replaceChildren(el("span", { class: `chip chip-${row.status}` }, `stopped · ${row.status}`), el("span", { class: "muted small" }, after));
+    } else {
+      cell.replaceChildren(el("span", { class: "chip chip-running" }, "still running"), el("span", { class: "muted small" }, ` after ${formatDuration(now() - requestedAt)}`));
+    }
+  }
+}
+if (report) setInterval(updateReport, 1000);
+
+subtree.addEventListener("change", refreshCounts);
+live.subscribeTree(runId, {
+  onTree: (rows, info) => subtree.load(rows, info),
+  onRows: (rows) => subtree.upsert(rows),
+});
+
+// --- Confirmations ------------------------------------------------------------------------------
+
+const dialog = document.getElementById("confirm-dialog");
+for (const form of document.querySelectorAll("form[data-confirm]")) {
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const kind = form.dataset.confirm;
+    const liveBelow = subtree.loaded ? subtree.liveDescendants(runId).length : null;
+    let title;
+    let message;
+    if (kind === "cancel-subtree") {
+      const stop = Number(form.querySelector("[data-count]").dataset.count);
+      const below = liveBelow ?? stop;
+      const selfRunning = !TERMINAL.has(head.dataset.status);
+      title = "Cancel the subtree";
+      message = selfRunning
+        ? `This will stop ${stop} run${stop === 1 ? "" : "s"}: this run and ${below} live descendant${below === 1 ? "" : "s"}.`
+        : `This will stop ${stop} live descendant${stop === 1 ? "" : "s"} (this run has already finished).`;
+      message += " Each is asked to stop and the report shows which ones did.";
+    } else if (kind === "cancel") {
+      title = "Cancel this run";
+      message = `This will stop 1 run (${runId}).` + (liveBelow ? ` Its ${liveBelow} live descendant${liveBelow === 1 ? "" : "s"} are not cancelled directly; foreground children stop when it finishes. Use "Cancel subtree" to stop them all.` : "");
+    } else {
+      title = "Release the lease";
+      message = "The lease is revoked and every child running under it is cancelled.";
+    }
+    dialog.querySelector("[data-role=title]").textContent = title;
+    dialog.querySelector("[data-role=message]").textContent = message;
+    dialog.querySelector("input[name=reason]").value = "";
+    dialog.onclose = () => {
+      if (dialog.returnValue !== "confirm") return;
+      const reason = form.querySelector("input[name=reason]");
+      if (reason) reason.value = dialog.querySelector("input[name=reason]").value;
+      form.submit();
+    };
+    dialog.returnValue = "";
+    dialog.showModal();
+  });
+}
+live.start();
