@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -313,21 +314,29 @@ async def test_it_reconnects_after_a_server_restart_and_stores_every_event_once_
     async with client:
         await client.open_run("conv-restart", "run-restart")
         stream = client.stream("run-restart")
-        progress = asyncio.Event()
+        reached = {60: asyncio.Event(), 150: asyncio.Event()}
 
         async def produce():
             for i in range(total):
                 await stream.emit(event("text", f"event {i}"))
-                if i == 60 or i == 150:
-                    progress.set()
+                if i in reached:
+                    reached[i].set()
                 await asyncio.sleep(0.002)
 
         producing = asyncio.create_task(produce())
-        await progress.wait()
-        progress.clear()
+
+        async def until(index):
+            # Fails with the producer's own error rather than hanging if it died.
+            waiter = asyncio.create_task(reached[index].wait())
+            await asyncio.wait([waiter, producing], timeout=60, return_when=asyncio.FIRST_COMPLETED)
+            if producing.done():
+                producing.result()
+            assert reached[index].is_set(), f"no progress to event {index}"
+
+        await until(60)
         # A crash: no close frame, frames in flight are lost.
         await asyncio.to_thread(daphne_server.restart, True, 0.5)
-        await progress.wait()
+        await until(150)
         # A clean stop this time.
         await asyncio.to_thread(daphne_server.restart, False, 0.5)
         await asyncio.wait_for(producing, 90)
@@ -451,3 +460,271 @@ async def test_it_exits_with_a_clear_error_on_a_bad_token(daphne_server):
     done = await asyncio.to_thread(run_cli, ["--url", daphne_server.ws_url], env, 60)
     assert done.returncode == 2
     assert "runner token refused" in done.stderr or "handshake refused" in done.stderr
+
+
+# --- the scripted engine's steer, cancel and failure --------------------------------------
+
+
+@sync_to_async
+def children_of(run_id: str) -> list[tuple[str, str]]:
+    return list(
+        Run.objects.filter(parent__run_id=run_id)
+        .order_by("created_at", "id")
+        .values_list("session__conversation_id", "run_id")
+    )
+
+
+async def test_it_steers_and_cancels_a_long_running_scripted_child(daphne_server):
+    token = await new_token("scripted-steer")
+    engine = ScriptedEngine(
+        ScriptedConfig(pace=0.05, steps=1, fanout=2, depth=1, long_rate=1.0, long_seconds=60)
+    )
+    async with RunnerHost(daphne_server.ws_url, token, engine, client_options=FAST) as host:
+        c, ext, gen = host.client, host.extension_id, host.generation
+        root = await host.open_root(engine.root_message("steer"), profile="planner")
+        async with asyncio.timeout(20):
+            while len(kids := await children_of(root.run_id)) < 2:
+                await asyncio.sleep(0.1)
+        (first, first_run), (second, _) = kids
+        await read_until(
+            c,
+            root.run_id,
+            ext,
+            gen,
+            first,
+            lambda r, ev: (
+                any(e.kind == "usage" for e in ev)
+                or any("Starting on" in (e.text or "") for e in ev)
+            ),
+        )
+
+        outcome = await c.child_steer(root.run_id, ext, gen, first, "focus on the parser")
+        assert outcome.injected
+        _, events = await read_until(
+            c,
+            root.run_id,
+            ext,
+            gen,
+            first,
+            lambda r, ev: any('I was told "focus on the parser"' in (e.text or "") for e in ev),
+        )
+        steer_at = next(i for i, e in enumerate(events) if e.kind == "steer")
+        told_at = next(i for i, e in enumerate(events) if "I was told" in (e.text or ""))
+        assert steer_at < told_at  # the steer event is stored, then the run's next text says it
+        # ...and it is the run's next text after the steer.
+        assert [e for e in events[steer_at:told_at] if e.kind == "text"] == []
+
+        cancel_sent = time.monotonic()
+        await c.child_cancel(root.run_id, ext, gen, second)
+        result, _ = await read_until(
+            c, root.run_id, ext, gen, second, lambda r, ev: r.done, timeout=5
+        )
+        assert result.cancelled and result.status == "cancelled"
+        assert time.monotonic() - cancel_sent < 1.5
+
+        # Cancelling the root locally finishes it cancelled; the server then cancels its
+        # still-running child, which the runner confirms.
+        host.cancel(root.run_id, "operator went home")
+        await host.wait(root.run_id, timeout=5)
+        async with asyncio.timeout(5):
+            while True:
+                run = await sync_to_async(Run.objects.get)(run_id=first_run)
+                if run.done:
+                    break
+                await asyncio.sleep(0.1)
+        assert run.status == RunStatus.CANCELLED
+    root_run = await sync_to_async(Run.objects.get)(run_id=root.run_id)
+    assert root_run.status == RunStatus.CANCELLED and root_run.cancelled
+
+
+async def test_it_fails_scripted_children_by_configuration(daphne_server):
+    token = await new_token("scripted-fail")
+    engine = ScriptedEngine(
+        ScriptedConfig(pace=0.01, steps=1, fanout=2, depth=1, fail_rate=1.0, poll=0.05)
+    )
+    async with RunnerHost(daphne_server.ws_url, token, engine, client_options=FAST) as host:
+        root = await host.open_root(engine.root_message("fail"), profile="planner")
+        await host.wait(root.run_id, timeout=30)
+    runs = await runs_of_root(root.run_id)
+    children = [r for r in runs if r.depth == 1]
+    assert len(children) == 2
+    for child in children:
+        assert child.status == RunStatus.FAILED and "simulated failure" in child.error
+        kinds = [e["kind"] for e in await stored(child.run_id)]
+        assert kinds[-1] == "error" and "result" not in kinds
+    # The parent saw the failures and still finished its own work.
+    top = runs[0]
+    assert top.status == RunStatus.SUCCEEDED and "failed" in top.output
+    delegate = [
+        e
+        for e in await stored(top.run_id)
+        if e["kind"] == "tool-result" and e["tool_name"] == "delegate"
+    ]
+    assert [e["success"] for e in delegate] == [False]
+
+
+# --- make run: the demo command -----------------------------------------------------------
+
+
+def demo_env(**extra) -> dict:
+    env = {**os.environ, "DATABASE_URL": live_server.database_url(), **extra}
+    env.pop("PANDO_DELEGATION_DEPTH", None)
+    return env
+
+
+def test_it_prepares_the_demo_operator_and_a_fresh_runner_token():
+    from django.contrib.auth import authenticate
+
+    from delegation import roles
+
+    def prepare():
+        done = subprocess.run(
+            [sys.executable, "manage.py", "demo", "--no-serve", "--print-token"],
+            cwd=BASE_DIR,
+            env=demo_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.strip().splitlines()
+        password = next(line.split()[2] for line in lines if "password" in line)
+        return password, lines[-1].strip()
+
+    password, token = prepare()
+    user = authenticate(username="demo", password=password)
+    assert user is not None and user.is_staff and roles.role_of(user) == roles.OPERATOR
+    assert services.authenticate_runner(token).name == "demo-runner"
+    # Run again: a new password and a rotated token; the old ones stop working.
+    password2, token2 = prepare()
+    assert password2 != password and token2 != token
+    assert authenticate(username="demo", password=password) is None
+    assert services.authenticate_runner(token) is None
+    assert services.authenticate_runner(token2).name == "demo-runner"
+
+
+def test_it_serves_a_growing_demo_tree_and_stops_cleanly_on_ctrl_c():
+    port = live_server.free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "manage.py",
+            "demo",
+            "--port",
+            str(port),
+            "--interval",
+            "1",
+            "--seed",
+            "3",
+        ],
+        cwd=BASE_DIR,
+        env=demo_env(DELEGATION_MAX_DEPTH="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            roots = Run.objects.filter(parent=None).count()
+            refused = Event.objects.filter(kind="delegation-refused").count()
+            if roots >= 2 and refused >= 1:
+                break
+            assert process.poll() is None, process.stdout.read()
+            time.sleep(0.5)
+        else:
+            raise AssertionError("no growing tree with a refused branch within 60s")
+        assert Run.objects.filter(depth=1).exists()
+        process.send_signal(subprocess.signal.SIGINT)
+        output, _ = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, output
+    assert "password" in output and "Stopping the demo runner" in output
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+    # The runner stopped first and reported its runs cancelled instead of leaving them open.
+    assert not Run.objects.filter(status=RunStatus.RUNNING).exists()
+
+
+# --- the README's shell agent -------------------------------------------------------------
+
+
+def doc_block(language: str, starts_with: str) -> str:
+    text = (BASE_DIR / "docs" / "connecting-agents.md").read_text()
+    for block in text.split(f"```{language}\n")[1:]:
+        body = block.split("```", 1)[0]
+        if body.startswith(starts_with):
+            return body
+    raise AssertionError(f"no ```{language} block starting with {starts_with!r}")
+
+
+async def test_it_connects_the_documented_shell_agent_through_the_command_engine(
+    daphne_factory, tmp_path
+):
+    server = daphne_factory(OUTBOX_RESEND_SECONDS="0.2")
+    token = await new_token("shell-runner")
+    # The presets file and the agent exactly as the documentation shows them.
+    config_dir, workspace = tmp_path / "config", tmp_path / "workspace"
+    (config_dir / "agents").mkdir(parents=True)
+    (workspace / "repos").mkdir(parents=True)
+    (config_dir / "presets.json").write_text(doc_block("json", "{"))
+    script = config_dir / "agents" / "review.sh"
+    script.write_text(doc_block("sh", "#!/bin/sh"))
+    script.chmod(0o755)
+    env = {**os.environ, "CANOPY_RUNNER_TOKEN": token}
+    env.pop("PANDO_DELEGATION_DEPTH", None)
+    runner = subprocess.Popen(
+        [
+            sys.executable,
+            "manage.py",
+            "runner",
+            "--url",
+            server.ws_url,
+            "--engine",
+            "command",
+            "--config",
+            str(config_dir / "presets.json"),
+            "--workspace",
+            str(workspace),
+            "--root",
+            "PR 12",
+            "--root-profile",
+            "reviewer",
+            "--once",
+        ],
+        cwd=BASE_DIR,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        async with asyncio.timeout(30):
+            while not (run := await sync_to_async(Run.objects.filter(parent=None).first)()):
+                await asyncio.sleep(0.1)
+            while "looking at: PR 12" not in [e["text"] for e in await stored(run.run_id)]:
+                assert runner.poll() is None, runner.stdout.read()
+                await asyncio.sleep(0.1)
+        # An operator steers it: the line reaches the script's stdin.
+        operator = services.Actor.system("test-operator")
+        for number, message in enumerate(["be nice", "done"]):
+            answer = await sync_to_async(services.do_steer_run)(
+                operator, run, request_id=f"op-{number}", message=message
+            )
+            assert answer == {"outcome": "injected"}
+        code = await asyncio.wait_for(asyncio.to_thread(runner.wait), 30)
+        output = runner.stdout.read()
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+    assert code == 0, output
+    run = await sync_to_async(Run.objects.get)(pk=run.pk)
+    assert (run.status, run.output, run.extension_id) == ("succeeded", "LGTM", "shell-agents")
+    texts = [(e["kind"], e["text"]) for e in await stored(run.run_id)]
+    assert ("thinking", "reviewing at level 0") in texts
+    assert ("text", "operator says: be nice") in texts
+    assert ("text", "operator says: done") in texts

@@ -87,6 +87,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         metavar="MESSAGE",
         help="open a top-level run with this task at start (repeatable)",
     )
+    roots.add_argument(
+        "--root-profile",
+        default=None,
+        help="preset the --root runs use (default: the engine's first preset)",
+    )
     roots.add_argument("--once", action="store_true", help="exit when the --root runs are done")
     roots.add_argument(
         "--demo",
@@ -95,7 +100,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "long-running or failing children, one branch refused at the cap",
     )
     roots.add_argument("--demo-interval", type=float, default=5.0)
-    roots.add_argument("--demo-max-live", type=int, default=3, help="roots running at once")
+    roots.add_argument("--demo-max-live", type=int, default=6, help="roots running at once")
     roots.add_argument("--demo-roots", type=int, default=0, help="stop after N roots (0: never)")
     return parser
 
@@ -125,7 +130,7 @@ def build_engine(args):
     cfg = ScriptedConfig(seed=args.seed, depth=max_depth + 1)
     if args.demo:
         cfg.shape, cfg.fanout, cfg.pace = "sparse", 3, 0.8
-        cfg.fail_rate, cfg.long_rate, cfg.long_seconds = 0.2, 0.3, 60.0
+        cfg.fail_rate, cfg.long_rate, cfg.long_seconds = 0.2, 0.3, 45.0
     for name, attr in (
         ("pace", "pace"),
         ("steps", "steps"),
@@ -182,7 +187,7 @@ async def run(args) -> int:
     )
     roots = []
     for message in args.root:
-        roots.append(await host.open_root(message))
+        roots.append(await host.open_root(message, profile=args.root_profile))
     work = []
     if args.demo:
         if engine.name != "scripted":
@@ -252,9 +257,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, str(level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    """The runner's own loggers at ``level``, whether or not Django configured logging."""
+    level = getattr(logging, str(level).upper(), logging.INFO)
+    canopy = logging.getLogger("canopy")
+    canopy.setLevel(level)
+    if not canopy.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        canopy.addHandler(handler)
+        canopy.propagate = False  # not twice through a root handler Django may have set up
     logging.getLogger("websockets").setLevel(logging.WARNING)

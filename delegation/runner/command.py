@@ -128,6 +128,19 @@ def load_config(path: str | os.PathLike) -> dict:
     unknown = set(raw) - {"presets", "workspace", "extensionId"}
     if unknown:
         raise ValueError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}")
+    # Relative program paths ("./agents/review.sh") and a relative workspace are relative to
+    # the file, not to wherever the runner happens to be started.
+    base = Path(path).resolve().parent
+    for preset in raw["presets"]:
+        command = preset.get("command") if isinstance(preset, dict) else None
+        if isinstance(command, str):
+            command = preset["command"] = shlex.split(command)
+        if isinstance(command, list) and command and isinstance(command[0], str):
+            program = command[0]
+            if "/" in program and not os.path.isabs(program):
+                command[0] = str(base / program)
+    if isinstance(raw.get("workspace"), str) and not os.path.isabs(raw["workspace"]):
+        raw["workspace"] = str(base / raw["workspace"])
     return raw
 
 

@@ -253,6 +253,8 @@ class RunnerHost:
         run_id = run_id or f"run-{stamp}"
         presets = {p.name: p for p in self.engine.presets()}
         profile = profile or next(iter(presets), None)
+        if profile is not None and profile not in presets:
+            raise ValueError(f"no preset {profile!r} (this runner offers {', '.join(presets)})")
         result = await self.client.open_run(
             conversation_id,
             run_id,

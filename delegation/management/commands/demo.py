@@ -1,0 +1,187 @@
+"""``python manage.py demo``: the one-command live demo behind ``make run``.
+
+It creates (or updates) the operator account ``demo`` with a fresh random password, shown once,
+rotates the token of the runner ``demo-runner``, then starts daphne and the scripted reference
+runner in demo mode (a new root every few seconds, fan-out up to 3, one branch refused at
+MaxDepth, some long-running and some failing children) and supervises both. Ctrl-C (or
+SIGTERM) stops the runner first, so its running executions are reported cancelled while the
+server is still up, then the server.
+
+``--no-serve`` only prepares the account and the token (``--print-token`` prints the token
+alone on the last line, for scripts that start the processes themselves).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+from delegation import roles, services
+
+BASE_DIR = Path(settings.BASE_DIR)
+RUNNER_NAME = "demo-runner"
+
+
+class Command(BaseCommand):
+    help = "Create the demo operator and runner token, then serve with a scripted demo runner."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--username", default="demo")
+        parser.add_argument("--interval", type=float, default=5.0, help="seconds between roots")
+        parser.add_argument("--max-live", type=int, default=6, help="roots growing at once")
+        parser.add_argument("--seed", type=int, default=None, help="default: random")
+        parser.add_argument("--no-serve", action="store_true", help="prepare only, then exit")
+        parser.add_argument("--print-token", action="store_true")
+
+    def handle(self, *args, **opts):
+        password = secrets.token_urlsafe(12)
+        call_command(
+            "create_operator",
+            opts["username"],
+            "--role",
+            roles.OPERATOR,
+            "--password",
+            password,
+            stdout=open(os.devnull, "w"),  # noqa: SIM115 - the password is printed below, once
+        )
+        _runner, token = services.create_runner(RUNNER_NAME)
+        base = f"http://{_display_host(opts['host'])}:{opts['port']}"
+        self.stdout.write("")
+        self.stdout.write(self.style.SUCCESS("Canopy demo"))
+        self.stdout.write(f"  dashboard : {base}/")
+        self.stdout.write(f"  admin     : {base}/admin/")
+        self.stdout.write(f"  user      : {opts['username']} (role operator)")
+        self.stdout.write(f"  password  : {password}   (shown once; rerun to get a new one)")
+        self.stdout.write(f"  runner    : {RUNNER_NAME} (token rotated)")
+        self.stdout.write("")
+        if opts["no_serve"]:
+            if opts["print_token"]:
+                self.stdout.write(token)
+            return
+        code = self.serve(token, opts)
+        if code:
+            raise SystemExit(code)
+
+    # -- processes -----------------------------------------------------------------------
+
+    def serve(self, token: str, opts) -> int:
+        host, port = opts["host"], opts["port"]
+        if _port_busy(_display_host(host), port):
+            self.stderr.write(f"Port {port} is already in use; stop that server or pass --port.")
+            return 1
+        bindir = Path(sys.executable).parent
+        daphne = (
+            [str(bindir / "daphne")]
+            if (bindir / "daphne").exists()
+            else [
+                sys.executable,
+                "-m",
+                "daphne",
+            ]
+        )
+        server_cmd = daphne + ["-b", host, "-p", str(port), "dashboard.asgi:application"]
+        seed = opts["seed"] if opts["seed"] is not None else secrets.randbelow(10**6)
+        runner_cmd = [
+            sys.executable,
+            str(BASE_DIR / "manage.py"),
+            "runner",
+            "--url",
+            f"ws://{_display_host(host)}:{port}/ws/runner/",
+            "--engine",
+            "scripted",
+            "--demo",
+            "--demo-interval",
+            str(opts["interval"]),
+            "--demo-max-live",
+            str(opts["max_live"]),
+            "--max-depth",
+            str(settings.DELEGATION_MAX_DEPTH),
+            "--extension-id",
+            "demo",
+            "--host-instance-id",
+            f"demo-{socket.gethostname()}-{os.getpid()}"[:128],
+            "--seed",
+            str(seed),
+        ]
+        env = dict(os.environ)
+        env["CANOPY_RUNNER_TOKEN"] = token  # the environment, not argv: ps shows argv
+        env.pop("PANDO_DELEGATION_DEPTH", None)  # demo roots are top-level
+        stop = {"signal": None}
+
+        def on_signal(signum, _frame):
+            stop["signal"] = signum
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        # Own sessions: a terminal Ctrl-C reaches only this supervisor, which then stops the
+        # runner before the server, so running executions end as cancelled, not lost.
+        server = subprocess.Popen(server_cmd, cwd=BASE_DIR, env=env, start_new_session=True)
+        runner = None
+        try:
+            if not _wait_listening(_display_host(host), port, server, 30):
+                self.stderr.write("The server did not start; see its output above.")
+                return 1
+            runner = subprocess.Popen(runner_cmd, cwd=BASE_DIR, env=env, start_new_session=True)
+            self.stdout.write(
+                f"Serving on {host}:{port} with the demo runner (seed {seed}). Ctrl-C stops both."
+            )
+            while stop["signal"] is None:
+                if server.poll() is not None:
+                    self.stderr.write(f"The server exited ({server.returncode}).")
+                    return 1
+                if runner.poll() is not None:
+                    self.stderr.write(f"The demo runner exited ({runner.returncode}).")
+                    return 1
+                time.sleep(0.2)
+            self.stdout.write("\nStopping the demo runner, then the server...")
+            return 0
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            _stop(runner, 10)
+            _stop(server, 10)
+
+
+def _display_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+def _port_busy(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.3):
+            return True
+    except OSError:
+        return False
+
+
+def _wait_listening(host: str, port: int, process: subprocess.Popen, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return False
+        if _port_busy(host, port):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _stop(process: subprocess.Popen | None, grace: float) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
