@@ -131,11 +131,14 @@ class ScriptedRunner:
         await self._send({"jsonrpc": "2.0", "id": frame["id"], "result": result})
         if method == "child.execute":
             run_id = params["identity"]["runId"]
-            await self._emit(run_id, [{"kind": "text", "text": "started: " + params["request"]["message"]}])
+            await self._emit(
+                run_id, [{"kind": "text", "text": "started: " + params["request"]["message"]}]
+            )
         elif method == "run.steer":
             self.steers.append(params)
             await self._emit(
-                params["runId"], [{"kind": "text", "text": f"Steered: I was told {params['message']!r}"}]
+                params["runId"],
+                [{"kind": "text", "text": f"Steered: I was told {params['message']!r}"}],
             )
         elif method == "run.cancel" and self.auto_cancel:
             await self._call("run.finish", {"runId": params["runId"], "cancelled": True})
@@ -150,7 +153,12 @@ class ScriptedRunner:
     def open(self, run_id: str, profile: str = "worker") -> dict:
         return self.call(
             "run.open",
-            {"conversationId": f"conv-{run_id}", "runId": run_id, "profile": profile, "extensionId": "ext"},
+            {
+                "conversationId": f"conv-{run_id}",
+                "runId": run_id,
+                "profile": profile,
+                "extensionId": "ext",
+            },
         )
 
     def emit(self, run_id: str, *events: dict) -> dict:
@@ -159,7 +167,14 @@ class ScriptedRunner:
     def text(self, run_id: str, text: str) -> dict:
         return self.emit(run_id, {"kind": "text", "text": text})
 
-    def child(self, parent: str, request_id: str, message: str = "do the thing", profile="worker", lease_id=None) -> dict:
+    def child(
+        self,
+        parent: str,
+        request_id: str,
+        message: str = "do the thing",
+        profile="worker",
+        lease_id=None,
+    ) -> dict:
         request = {"requestId": request_id, "profile": profile, "message": message}
         params = {"runId": parent, "extensionId": "ext", "generation": 1, "request": request}
         if lease_id:
@@ -175,10 +190,10 @@ class ScriptedRunner:
 
 
 def launch(playwright):
-    assert os.path.exists(CHROMIUM), "Debian's chromium package is needed (apt-get install chromium)"
-    return playwright.chromium.launch(
-        executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+    assert os.path.exists(CHROMIUM), (
+        "Debian's chromium package is needed (apt-get install chromium)"
     )
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
 
 
 def sign_in(page, base_url: str, username: str, password: str):

@@ -1,0 +1,126 @@
+"""Django admin: every model registered, the actions go through the services and are audited."""
+
+from __future__ import annotations
+
+import pytest
+from channels.db import database_sync_to_async
+from django.apps import apps
+from django.contrib import admin
+from django.contrib.auth.models import Group, User
+from django.test import Client
+
+from delegation.models import AuditEntry, Event, Lease, Run, SteerReceipt
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def staff(name: str, role: str) -> Client:
+    user = User.objects.create_user(name, password="pw", is_staff=True)
+    user.groups.add(Group.objects.get_or_create(name=role)[0])
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+async def make_runs(runner):
+    await runner.open("root-1")
+    params = runner.child_params(request_id="c1")
+    params["leaseId"] = "lease-1"
+    params["request"]["leaseId"] = "lease-1"
+    child = await runner.ok("child.start", params)
+    grandchild = await runner.ok(
+        "child.start", runner.child_params(run_id=child["runId"], request_id="g1")
+    )
+    return child["runId"], grandchild["runId"]
+
+
+def action(client: Client, model: str, name: str, pks, **extra):
+    return client.post(
+        f"/admin/delegation/{model}/",
+        {"action": name, "_selected_action": [str(pk) for pk in pks], **extra},
+        follow=True,
+    )
+
+
+def test_it_registers_every_model_with_filters_and_search():
+    for model in apps.get_app_config("delegation").get_models():
+        assert admin.site.is_registered(model), model.__name__
+    run_admin = admin.site._registry[Run]
+    assert {"status", "depth", "runner", "profile"} <= set(run_admin.list_filter)
+    assert "run_id" in run_admin.search_fields
+    assert {"cancel_runs", "cancel_subtrees", "steer_runs"} <= {
+        a.__name__ for a in run_admin.actions
+    }
+
+
+async def test_it_cancels_a_subtree_from_the_admin_with_an_audit_entry(runner):
+    child, grandchild = await make_runs(runner)
+
+    def act():
+        client = staff("olga", "operator")
+        listing = client.get("/admin/delegation/run/?status__exact=running&depth=1")
+        assert listing.status_code == 200 and child in listing.content.decode()
+        assert client.get(f"/admin/delegation/run/?q={grandchild}").status_code == 200
+        pk = Run.objects.get(run_id=child).pk
+        response = action(client, "run", "cancel_subtrees", [pk])
+        # The admin capitalises messages.
+        assert f"{child}: requested (+1 descendants)" in response.content.decode().lower()
+        entry = AuditEntry.objects.get(action="cancel-subtree")
+        assert entry.via == "admin" and entry.actor == "user:olga" and entry.target_id == child
+        assert Run.objects.get(run_id=grandchild).cancel_requested_at is not None
+
+    await database_sync_to_async(act)()
+    await runner.wait_command("run.cancel", runId=grandchild)
+
+
+async def test_it_steers_through_the_intermediate_form_and_audits_it(runner):
+    child, _ = await make_runs(runner)
+
+    def act():
+        client = staff("olga", "operator")
+        pk = Run.objects.get(run_id=child).pk
+        form = action(client, "run", "steer_runs", [pk])
+        body = form.content.decode()
+        assert 'id="steer-form"' in body and child in body
+        assert not Event.objects.filter(kind="steer").exists()  # nothing until the form is sent
+        response = action(
+            client,
+            "run",
+            "steer_runs",
+            [pk],
+            apply="1",
+            message="wrap it up",
+            request_id="admin-r1",
+        )
+        assert f"{child}: injected" in response.content.decode().lower()
+        assert Event.objects.get(kind="steer").actor == "user:olga"
+        assert SteerReceipt.objects.get(request_id="admin-r1").outcome == "injected"
+        entry = AuditEntry.objects.get(action="steer")
+        assert entry.via == "admin" and entry.outcome == "injected"
+
+    await database_sync_to_async(act)()
+    await runner.wait_command("run.steer", runId=child)
+
+
+async def test_it_releases_a_lease_and_refuses_a_viewer_in_the_admin(runner):
+    await make_runs(runner)
+
+    def act():
+        lease = Lease.objects.get(lease_id="lease-1")
+        viewer = staff("vera", "viewer")
+        assert viewer.get("/admin/delegation/lease/").status_code == 200
+        # The action is not offered to a viewer, and a forged post does nothing.
+        assert "release_leases" not in viewer.get("/admin/delegation/lease/").content.decode()
+        action(viewer, "lease", "release_leases", [lease.pk])
+        lease.refresh_from_db()
+        assert lease.state == "active"
+        operator = staff("olga", "operator")
+        response = action(operator, "lease", "release_leases", [lease.pk])
+        assert "lease-1: released" in response.content.decode().lower()
+        lease.refresh_from_db()
+        assert lease.state == "released"
+        entry = AuditEntry.objects.get(action="release")
+        assert entry.via == "admin" and entry.actor == "user:olga"
+        assert Event.objects.filter(kind="lease-released").exists()
+
+    await database_sync_to_async(act)()

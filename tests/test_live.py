@@ -1,0 +1,299 @@
+"""The operator live socket /ws/live/ over real WebSocket frames into the ASGI app, real DB.
+
+A runner (conftest's JSON-RPC client) writes through the runner socket; an operator socket
+subscribes and must see every event once, in sequence order, whatever the channel layer drops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import Group, User
+from django.test import Client
+
+from dashboard import live as livemod
+from delegation import notify, services
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ORIGIN = (b"origin", b"http://127.0.0.1")
+
+
+def _user(name: str, role: str | None):
+    user = User.objects.create_user(name, password="pw")
+    if role:
+        user.groups.add(Group.objects.get_or_create(name=role)[0])
+    return user
+
+
+def _session_cookie(name: str, role: str | None) -> bytes:
+    client = Client()
+    client.force_login(_user(name, role))
+    return f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+def _token(name: str, role: str | None) -> str:
+    return services.create_api_token(_user(name, role))[1]
+
+
+def live_socket(headers) -> WebsocketCommunicator:
+    from dashboard.asgi import application
+
+    return WebsocketCommunicator(application, "/ws/live/", headers=headers)
+
+
+async def operator_socket(role="operator", name="olga") -> WebsocketCommunicator:
+    cookie = await database_sync_to_async(_session_cookie)(name, role)
+    ws = live_socket([ORIGIN, (b"cookie", cookie)])
+    connected, _ = await ws.connect(timeout=10)
+    assert connected
+    hello = await frame(ws)
+    assert hello["type"] == "hello" and hello["user"] == name and hello["role"] == role
+    return ws
+
+
+async def frame(ws, timeout=5) -> dict:
+    return json.loads(await ws.receive_from(timeout=timeout))
+
+
+async def until(ws, predicate, timeout=8) -> list[dict]:
+    """Frames up to and including the first one matching ``predicate``."""
+    seen = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise AssertionError(f"no matching frame; saw {seen}")
+        try:
+            got = await frame(ws, remaining)
+        except TimeoutError:
+            continue
+        seen.append(got)
+        if predicate(got):
+            return seen
+
+
+def event_sequences(frames, run_id) -> list[int]:
+    return [
+        e["sequence"]
+        for f in frames
+        if f["type"] == "events" and f["runId"] == run_id
+        for e in f["events"]
+    ]
+
+
+def head_reached(run_id, sequence):
+    return lambda f: (
+        f["type"] == "events" and f["runId"] == run_id and (f["events"][-1]["sequence"] >= sequence)
+    )
+
+
+async def emit(runner, run_id, start, *texts):
+    return await runner.ok(
+        "run.event",
+        {"runId": run_id, "from": start, "events": [{"kind": "text", "text": t} for t in texts]},
+    )
+
+
+def check_frames(frames):
+    """Every server frame fits its declared pydantic model."""
+    for f in frames:
+        model = livemod.SERVER_FRAMES[f["type"]]
+        if model is not None:
+            model.model_validate(f)
+
+
+async def test_it_replays_from_after_then_pushes_new_events_in_order(runner):
+    await runner.open("root-1")
+    await emit(runner, "root-1", 1, "one", "two", "three")
+    ws = await operator_socket()
+    await ws.send_json_to({"type": "subscribe", "runId": "root-1", "after": 1})
+    frames = await until(ws, head_reached("root-1", 3))
+    await emit(runner, "root-1", 4, "four")
+    await emit(runner, "root-1", 5, "five", "six")
+    frames += await until(ws, head_reached("root-1", 6))
+    assert event_sequences(frames, "root-1") == [2, 3, 4, 5, 6]
+    texts = [e["text"] for f in frames if f["type"] == "events" for e in f["events"]]
+    assert texts == ["two", "three", "four", "five", "six"]
+    state = [f for f in frames if f["type"] == "run"][-1]["run"]
+    assert state["runId"] == "root-1" and state["status"] == "running" and state["depth"] == 0
+    check_frames(frames)
+    await ws.disconnect()
+
+
+async def test_it_catches_up_from_the_database_when_every_doorbell_is_lost(
+    runner, settings, monkeypatch
+):
+    settings.LIVE_HEARTBEAT_SECONDS = 0.3
+    await runner.open("root-1")
+    ws = await operator_socket()
+    await ws.send_json_to({"type": "subscribe", "runId": "root-1", "after": 0})
+    await until(ws, lambda f: f["type"] == "run")
+
+    # From now on the channel layer drops every ring, as channels-redis does over capacity.
+    async def dropped(*args, **kwargs):
+        return None
+
+    monkeypatch.setattr(notify, "_send", lambda group, message: None)
+    monkeypatch.setattr(notify, "ring_collected", dropped, raising=False)
+    await emit(runner, "root-1", 1, "a", "b")
+    await emit(runner, "root-1", 3, "c")
+    frames = await until(ws, head_reached("root-1", 3))
+    assert event_sequences(frames, "root-1") == [1, 2, 3]
+    beat = (await until(ws, lambda f: f["type"] == "heartbeat"))[-1]
+    assert beat["runs"] == {"root-1": 3}
+    check_frames(frames + [beat])
+    await ws.disconnect()
+
+
+async def test_it_resumes_after_a_dropped_socket_with_the_last_sequence(runner):
+    await runner.open("root-1")
+    await emit(runner, "root-1", 1, "a", "b", "c")
+    ws = await operator_socket()
+    await ws.send_json_to({"type": "subscribe", "runId": "root-1", "after": 0})
+    first = event_sequences(await until(ws, head_reached("root-1", 3)), "root-1")
+    await ws.disconnect()
+    await emit(runner, "root-1", 4, "d", "e")  # written while the operator is away
+    ws = await operator_socket(name="olga2")
+    await ws.send_json_to({"type": "subscribe", "runId": "root-1", "after": first[-1]})
+    await emit(runner, "root-1", 6, "f")
+    second = event_sequences(await until(ws, head_reached("root-1", 6)), "root-1")
+    assert first + second == [1, 2, 3, 4, 5, 6]
+    await ws.disconnect()
+
+
+@pytest.mark.parametrize(
+    ("sent", "field", "words"),
+    [
+        ('{"type": "subscribe", "runId": "r", "after": "1"}', "after", "integer"),
+        ('{"type": "subscribe", "runId": "r", "after": -1}', "after", "greater than or equal"),
+        ('{"type": "subscribe", "runId": "r", "apiKey": "x"}', "apiKey", "unknown field"),
+        ('{"type": "subscribe", "runId": null}', "runId", "null"),
+        ('{"type": "subscribe", "runId": "a/b"}', "runId", "'/'"),
+        ('{"type": "subscribe", "runId": "r", "runId": "s"}', "", "duplicate key"),
+        ('{"type": "subscribe"}', "runId", "exactly one"),
+        ('{"type": "watch", "runId": "r"}', "type", "must be"),
+        ('{"type": "subscribe", "runId": "r"} trailing', "", "parse error"),
+        ('{"type": "subscribe", "runId": "nope"}', "runId", "no run"),
+    ],
+)
+async def test_it_refuses_a_bad_frame_naming_the_field(sent, field, words):
+    ws = await operator_socket()
+    await ws.send_to(text_data=sent)
+    error = await frame(ws)
+    assert error["type"] == "error", error
+    assert error["field"] == field, error
+    assert words in error["message"], error
+    livemod.ErrorFrame.model_validate(error)
+    # The socket stays usable after a refused frame.
+    await ws.send_json_to({"type": "ping"})
+    assert (await frame(ws)) == {"type": "pong"}
+    await ws.disconnect()
+
+
+async def test_it_checks_session_origin_role_and_bearer_tokens():
+    # Not signed in: accepted, then closed with 4401.
+    ws = live_socket([ORIGIN])
+    assert (await ws.connect(timeout=10))[0]
+    assert (await ws.receive_output(timeout=5))["code"] == livemod.CLOSE_UNAUTHENTICATED
+    # A session from another origin (a cross-site hijack) is refused at the handshake.
+    cookie = await database_sync_to_async(_session_cookie)("olga", "operator")
+    ws = live_socket([(b"origin", b"http://evil.example"), (b"cookie", cookie)])
+    assert not (await ws.connect(timeout=10))[0]
+    # A session without an Origin header is refused too.
+    ws = live_socket([(b"cookie", cookie)])
+    assert not (await ws.connect(timeout=10))[0]
+    # Signed in but without a role: 4403.
+    cookie = await database_sync_to_async(_session_cookie)("outsider", None)
+    ws = live_socket([ORIGIN, (b"cookie", cookie)])
+    assert (await ws.connect(timeout=10))[0]
+    assert (await ws.receive_output(timeout=5))["code"] == livemod.CLOSE_FORBIDDEN
+    # A script with an API token needs no Origin; a wrong token is refused.
+    token = await database_sync_to_async(_token)("vera", "viewer")
+    ws = live_socket([(b"authorization", f"Bearer {token}".encode())])
+    assert (await ws.connect(timeout=10))[0]
+    hello = await frame(ws)
+    assert hello["user"] == "vera" and hello["role"] == "viewer" and hello["canAct"] is False
+    await ws.disconnect()
+    ws = live_socket([(b"authorization", b"Bearer cna_wrong")])
+    assert (await ws.connect(timeout=10))[0]
+    assert (await ws.receive_output(timeout=5))["code"] == livemod.CLOSE_UNAUTHENTICATED
+
+
+async def test_it_streams_a_tree_as_it_grows_and_changes(runner):
+    await runner.open("root-1")
+    ws = await operator_socket()
+    await ws.send_json_to({"type": "subscribe", "treeId": "root-1"})
+    frames = await until(ws, lambda f: f["type"] == "tree" and not f["more"])
+    assert [r["runId"] for r in frames[-1]["runs"]] == ["root-1"]
+    child = await runner.ok("child.start", runner.child_params())
+    rows = await until(
+        ws, lambda f: f["type"] == "rows" and any(r["runId"] == child["runId"] for r in f["runs"])
+    )
+    row = next(r for r in rows[-1]["runs"] if r["runId"] == child["runId"])
+    assert row["parentRunId"] == "root-1" and row["depth"] == 1 and row["status"] == "running"
+    await runner.ok("run.finish", {"runId": child["runId"], "output": "done"})
+    rows = await until(
+        ws,
+        lambda f: (
+            f["type"] == "rows"
+            and any(r["runId"] == child["runId"] and r["status"] == "succeeded" for r in f["runs"])
+        ),
+    )
+    check_frames(frames + rows)
+    await ws.disconnect()
+
+
+async def test_it_marks_refused_spawns_and_cancel_requests_on_tree_rows(runner, settings):
+    settings.DELEGATION_MAX_DEPTH = 1
+    await runner.open("root-1")
+    child = await runner.ok("child.start", runner.child_params())
+    grandchild = runner.child_params(run_id=child["runId"], request_id="deep")
+    ws = await operator_socket()
+    await ws.send_json_to({"type": "subscribe", "treeId": "root-1"})
+    await until(ws, lambda f: f["type"] == "tree" and not f["more"])
+    assert (await runner.error("child.start", grandchild))["code"] == -32010
+    rows = await until(
+        ws,
+        lambda f: (
+            f["type"] == "rows"
+            and any(r["runId"] == child["runId"] and r["refusedSpawns"] == 1 for r in f["runs"])
+        ),
+    )
+    assert rows
+    user = await database_sync_to_async(User.objects.create_user)("ops", password="pw")
+    await database_sync_to_async(user.groups.add)(
+        (await database_sync_to_async(Group.objects.get_or_create)(name="operator"))[0]
+    )
+    run = await database_sync_to_async(services.Run.objects.get)(run_id=child["runId"])
+    await database_sync_to_async(services.do_cancel_run)(
+        services.Actor.for_user(user, via="dashboard"), run, reason="test"
+    )
+    await until(
+        ws,
+        lambda f: (
+            f["type"] == "rows"
+            and any(r["runId"] == child["runId"] and r["cancelRequested"] for r in f["runs"])
+        ),
+    )
+    await ws.disconnect()
+
+
+async def test_it_sends_overview_summaries_and_announces_new_trees(runner):
+    await runner.open("root-1")
+    ws = await operator_socket()
+    await ws.send_json_to({"type": "subscribe", "roots": ["root-1"], "newTrees": True})
+    first = (await until(ws, lambda f: f["type"] == "summary"))[-1]
+    assert first["treeId"] == "root-1" and first["runs"] == 1 and first["maxDepth"] == 0
+    await runner.ok("child.start", runner.child_params())
+    summary = (await until(ws, lambda f: f["type"] == "summary" and f["runs"] == 2))[-1]
+    assert summary["counts"] == {"running": 2} and summary["maxDepth"] == 1
+    await runner.open("root-2")
+    announced = await until(ws, lambda f: f["type"] == "newTree")
+    assert announced[-1]["treeId"] == "root-2"
+    check_frames([first, summary, announced[-1]])
+    await ws.disconnect()
