@@ -905,6 +905,10 @@ class RunnerClient:
             try:
                 return await self._call_on(conn, method, params, deadline - loop.time())
             except _ConnectionLost:
+                if loop.time() >= deadline:
+                    raise ClientTimeout(
+                        f"{method}: connection lost and no answer in time"
+                    ) from None
                 self.log.debug("%s: connection lost before the answer; resending", method)
                 continue
 
@@ -920,6 +924,11 @@ class RunnerClient:
             try:
                 await conn.ws.send(json.dumps(frame, ensure_ascii=False))
             except ConnectionClosed:
+                # The socket is closing but the reader has not noticed yet. Retire the
+                # connection now: retrying on it would spin without ever yielding to the
+                # reader (a send on a closed socket fails without awaiting anything).
+                self._retire(conn)
+                await asyncio.sleep(0)
                 raise _ConnectionLost() from None
             try:
                 async with asyncio.timeout(max(timeout, 0)):
@@ -950,6 +959,13 @@ class RunnerClient:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(remaining):
                     await self._state_changed.wait()
+
+    def _retire(self, conn: _Conn) -> None:
+        conn.closed = True
+        if self._conn is conn:
+            self._conn = None
+            self._ready.clear()
+            self._state_changed.set()
 
     def _set_fatal(self, exc: BaseException) -> None:
         if self._fatal is None:
@@ -1049,11 +1065,7 @@ class RunnerClient:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
-            conn.closed = True
-            if self._conn is conn:
-                self._conn = None
-                self._ready.clear()
-                self._state_changed.set()
+            self._retire(conn)
             for future in conn.pending.values():
                 if not future.done():
                     future.set_exception(_ConnectionLost())

@@ -47,6 +47,7 @@ class FakeServer:
         # (method, n): close abruptly after the n-th such frame, after storing / before storing
         self.drop_after_storing = {}
         self.drop_before_storing = {}
+        self.close_cleanly_every = {}  # method -> n: a clean close instead of every n-th answer
         self.counts = {}
         self.errors = {}  # method -> error member to answer with
         self.results = {}  # method -> result to answer with
@@ -98,6 +99,10 @@ class FakeServer:
             self.counts[method] = n = self.counts.get(method, 0) + 1
             if self.drop_before_storing.get(method) == n:
                 ws.transport.abort()
+                return
+            every = self.close_cleanly_every.get(method)
+            if every and n % every == 0:
+                await ws.close(1001, "going away")  # a clean stop: a close frame, no answer
                 return
             answer = self._answer(method, message.get("params", {}))
             if self.drop_after_storing.get(method) == n:
@@ -662,3 +667,50 @@ def test_it_has_no_django_import():
         cwd=os.path.dirname(os.path.dirname(sdk.__file__)),
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+async def test_it_does_not_spin_when_the_server_closes_cleanly_under_load(fake):
+    # A close frame makes sends fail at once, before the reader has seen the close. A client
+    # that retried on that connection without yielding would hang the loop (pytest-timeout).
+    fake.close_cleanly_every["run.event"] = 7
+    async with make_client(fake) as client:
+        await client.open_run("conv-1", "run-1")
+        stream = client.stream("run-1")
+
+        async def burst(tag):
+            for i in range(20):
+                await stream.emit(event("text", f"{tag}{i}"))
+
+        async with asyncio.timeout(30):
+            await asyncio.gather(burst("a"), burst("b"), burst("c"))
+            await stream.finish()
+        assert client.connections > 3
+    texts = [ev["text"] for ev in fake.run_events("run-1")]
+    assert sorted(texts) == sorted(f"{t}{i}" for t in "abc" for i in range(20))
+    assert len(texts) == 60
+
+
+async def test_it_does_not_spin_on_a_connection_lost_before_the_reader_noticed(fake):
+    # Once the socket is gone, a send fails without awaiting anything. If the client kept
+    # retrying on that connection it would never yield, the reader would never run, and the
+    # loop would hang (this test then fails on pytest-timeout).
+    class SlowToNotice(RunnerClient):
+        async def _read(self, conn):
+            await super()._read(conn)
+            await asyncio.sleep(0.3)
+
+    client = SlowToNotice(
+        fake.url,
+        TOKEN,
+        extensions=EXTENSIONS,
+        depth=None,
+        backoff_initial=0.02,
+        backoff_max=0.1,
+        call_timeout=5,
+    )
+    async with client:
+        await client.open_run("conv-1", "run-1")
+        client._conn.ws.transport.abort()
+        await asyncio.sleep(0.05)  # the socket is closed; the reader is still "busy"
+        ack = await client.emit("run-1", event("text", "after the drop"))
+        assert ack.emitted == 1 and client.connections == 2
