@@ -72,6 +72,8 @@ class ScriptedRunner:
         return self
 
     def close(self):
+        if not self.thread.is_alive():
+            return
         try:
             self._run(self._close(), timeout=5)
         finally:

@@ -100,7 +100,7 @@ export class LiveClient extends EventTarget {
       sub.fresh = true;
       this.send({ type: "subscribe", treeId });
     }
-    if (this.roots && this.roots.ids.size) {
+    if (this.roots && (this.roots.ids.size || this.roots.newTrees)) {
       this.send({ type: "subscribe", roots: [...this.roots.ids], newTrees: this.roots.newTrees });
     }
     if (this.runners) this.send({ type: "subscribe", runners: true });
