@@ -112,13 +112,6 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data=None, bytes_data=None):
         if self.conn is None:
             return
-        if self.fenced:
-            # A fenced socket never takes the runner back, not even with runner.register;
-            # a real runner reconnects on a new socket.
-            await self._reply_error(
-                None, RpcError(STALE_CONNECTION, "stale connection: this socket was fenced")
-            )
-            return
         if text_data is None:
             await self._reply_error(None, RpcError(INVALID_REQUEST, "binary frames are refused"))
             return
@@ -142,6 +135,15 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             return
         if "method" not in frame and "id" in frame and ("result" in frame or "error" in frame):
             await self._on_answer(frame)
+            return
+        if self.fenced:
+            # A fenced socket never takes the runner back, not even with runner.register;
+            # a real runner reconnects on a new socket.
+            rpc_id = frame.get("id")
+            await self._reply_error(
+                rpc_id if _valid_rpc_id(rpc_id) else None,
+                RpcError(STALE_CONNECTION, "stale connection: this socket was fenced"),
+            )
             return
         await self._on_request(frame)
 
@@ -261,7 +263,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             command_pk = int(rpc_id.removeprefix("srv-"))
         except ValueError:
             return
-        if not self.conn.generation:
+        if not self.conn.generation or self.fenced:
             return
         await self._call(
             services.command_answered,

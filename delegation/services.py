@@ -725,7 +725,8 @@ def _owned_child(conn: Connection, params: Params) -> tuple[Authority, Run]:
         if r.extension_id == params.extension_id
         and (
             (auth.lease is not None and r.lease_id == auth.lease.pk)
-            or (auth.parent is not None and r.parent_id == auth.parent.pk)
+            # A lease alone owns only the children started under it, not its run's others.
+            or (params.run_id is not None and r.parent_id == auth.parent.pk)
         )
     ]
     if not owned:
