@@ -34,6 +34,16 @@ async def make_runs(runner):
     return child["runId"], grandchild["runId"]
 
 
+async def settle(runner, *methods):
+    """Let the server finish sending (and recording answers to) the commands an action queued,
+    so the database flush after the test does not race the runner socket's last writes."""
+    import asyncio
+
+    for method in methods:
+        await runner.wait_command(method)
+    await asyncio.sleep(0.5)
+
+
 def action(client: Client, model: str, name: str, pks, **extra):
     return client.post(
         f"/admin/delegation/{model}/",
@@ -71,6 +81,7 @@ async def test_it_cancels_a_subtree_from_the_admin_with_an_audit_entry(runner):
 
     await database_sync_to_async(act)()
     await runner.wait_command("run.cancel", runId=grandchild)
+    await settle(runner)
 
 
 async def test_it_steers_through_the_intermediate_form_and_audits_it(runner):
@@ -100,6 +111,7 @@ async def test_it_steers_through_the_intermediate_form_and_audits_it(runner):
 
     await database_sync_to_async(act)()
     await runner.wait_command("run.steer", runId=child)
+    await settle(runner)
 
 
 async def test_it_releases_a_lease_and_refuses_a_viewer_in_the_admin(runner):
@@ -124,3 +136,4 @@ async def test_it_releases_a_lease_and_refuses_a_viewer_in_the_admin(runner):
         assert Event.objects.filter(kind="lease-released").exists()
 
     await database_sync_to_async(act)()
+    await settle(runner, "lease.revoked", "run.cancel")

@@ -267,3 +267,72 @@ def test_it_runs_admin_actions_and_the_steer_form_with_audit_entries(server, run
     # And the audit page shows all of it.
     page.goto(f"{server.http_url}/audit/?via=admin")
     assert page.locator("#audit-table tbody tr[data-audit-id]").count() == 3
+
+
+def _big_tree(total_target: int = 10_000) -> tuple[str, int]:
+    """A tree of about ten thousand runs written straight to the record (20 x 20 x 24)."""
+    from delegation.models import Runner, Session
+
+    runner_row = Runner.objects.get(name="runner-b")
+    sessions = [
+        Session(conversation_id=f"c-big-{i}", runner=runner_row, depth=0) for i in range(10_021)
+    ]
+    Session.objects.bulk_create(sessions, batch_size=2000)
+    sessions = {
+        s.conversation_id: s for s in Session.objects.filter(conversation_id__startswith="c-big-")
+    }
+    root = Run.objects.create(
+        run_id="big-root", session=sessions["c-big-0"], runner=runner_row, depth=0
+    )
+    index = 1
+    level = [root]
+    for fanout in (20, 20, 24):
+        rows = []
+        for parent in level:
+            for _ in range(fanout):
+                rows.append(
+                    Run(
+                        run_id=f"big-{index}",
+                        session=sessions[f"c-big-{index}"],
+                        runner=runner_row,
+                        parent=parent,
+                        root=root,
+                        depth=parent.depth + 1,
+                        status="succeeded" if index % 3 else "running",
+                        last_sequence=index % 50,
+                    )
+                )
+                index += 1
+        Run.objects.bulk_create(rows, batch_size=2000)
+        level = list(Run.objects.filter(root=root, depth=level[0].depth + 1))
+    return root.run_id, index
+
+
+def test_it_keeps_a_tree_of_ten_thousand_runs_usable(server, runner, browser):
+    person("olga", "operator")
+    root_id, total = _big_tree()
+    assert total >= 10_000
+    page = browser()
+    sign_in(page, server.http_url, "olga", "pw")
+    page.goto(f"{server.http_url}/trees/{root_id}/")
+    page.wait_for_selector('#tree [data-run-id="big-1"]', timeout=30000)
+    assert page.text_content("#tree-stats [data-role=total]") == str(total)
+    # Lazily rendered: only the expanded levels are in the DOM.
+    rendered = page.locator("#tree .trow").count()
+    assert 21 <= rendered <= 500, rendered
+    collapsed = page.get_attribute('#tree [data-run-id="big-1"]', "aria-expanded")
+    hidden_label = page.text_content('#tree [data-run-id="big-1"] .t-hidden')
+    if collapsed == "false":
+        assert hidden_label.startswith("+")
+        page.click('#tree [data-run-id="big-1"] [data-toggle]')
+        page.wait_for_selector('#tree [data-run-id="big-1"][aria-expanded="true"]')
+        assert page.locator("#tree .trow").count() > rendered
+    # Keyboard on a big tree: x collapses the selected run, j moves, and the page stays live.
+    page.click('#tree [data-run-id="big-1"] .t-depth')
+    page.keyboard.press("x")
+    page.wait_for_selector('#tree [data-run-id="big-1"][aria-expanded="false"]')
+    page.keyboard.press("j")
+    assert page.get_attribute("#tree .trow.selected", "data-run-id") != "big-1"
+    Run.objects.filter(run_id="big-2").update(status="failed")
+    runner.open("after-big")  # any commit rings; the heartbeat diff also catches direct writes
+    wait_status(page, "big-2", "failed", "#tree")

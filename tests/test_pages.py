@@ -18,6 +18,16 @@ from delegation.models import AuditEntry, Event, Lease, Run
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+async def settle(runner, *methods):
+    """Let the server finish sending (and recording answers to) the commands an action queued,
+    so the database flush after the test does not race the runner socket's last writes."""
+    import asyncio
+
+    for method in methods:
+        await runner.wait_command(method)
+    await asyncio.sleep(0.5)
+
+
 def persona(name: str, role: str | None) -> Client:
     user = User.objects.create_user(name, password="pw")
     if role:
@@ -184,6 +194,7 @@ async def test_it_cancels_a_subtree_through_the_service_and_audits_it(runner):
 
     await database_sync_to_async(act)()
     await runner.wait_command("run.cancel", runId=grandchild)
+    await settle(runner)
 
 
 async def test_it_steers_and_releases_a_lease_through_the_services(runner):
@@ -218,6 +229,7 @@ async def test_it_steers_and_releases_a_lease_through_the_services(runner):
         assert AuditEntry.objects.filter(action="release", target_id="lease-1").exists()
 
     await database_sync_to_async(act)()
+    await settle(runner, "run.steer", "lease.revoked", "run.cancel")
 
 
 async def test_it_refuses_a_viewers_forged_actions_with_a_clear_message(runner):
@@ -273,6 +285,7 @@ async def test_it_lists_runners_and_filters_the_audit_log(runner):
         assert "root-2" in by_target and 'data-outcome="requested"' not in by_target
 
     await database_sync_to_async(check)()
+    await settle(runner, "run.cancel")
 
 
 async def test_it_serves_a_tree_page_and_redirects_a_child_to_its_root(runner):
