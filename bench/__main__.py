@@ -170,6 +170,218 @@ def read():
     results["read_ratio"] = round(at_end / at_start, 3)
 
 
+# --- push latency: runner event -> operator live socket --------------------------------
+
+PUSH_RATE = 200
+PUSH_SECONDS = 5
+PUSH_WATCHERS = 20
+
+
+async def _watcher(url: str, api_token: str, run_id: str, latencies: list, ready: asyncio.Event):
+    ws = await websockets.connect(
+        f"{url}/ws/live/", additional_headers={"Authorization": f"Bearer {api_token}"}
+    )
+    await ws.send(json.dumps({"type": "subscribe", "runId": run_id, "after": 0}))
+    try:
+        while True:
+            frame = json.loads(await ws.recv())
+            if frame.get("type") == "subscribed":
+                ready.set()
+            if frame.get("type") != "events":
+                continue
+            now = time.perf_counter_ns()
+            for event in frame["events"]:
+                sent = event.get("text", "")
+                if sent.startswith("t="):
+                    latencies.append((now - int(sent[2:])) / 1e6)
+    finally:
+        await ws.close()
+
+
+async def _push(runner_url: str, watcher_url: str, token: str, api_token: str) -> list[float]:
+    runner = await Runner.connect(runner_url, token)
+    await runner.register()
+    run_id = f"push-{time.time_ns()}"
+    await runner.call("run.open", {"conversationId": f"c-{run_id}", "runId": run_id})
+    latencies: list[float] = []
+    readies = [asyncio.Event() for _ in range(PUSH_WATCHERS)]
+    watchers = [
+        asyncio.ensure_future(_watcher(watcher_url, api_token, run_id, latencies, ready))
+        for ready in readies
+    ]
+    await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 30)
+    interval = 1 / PUSH_RATE
+    start = time.perf_counter()
+    total = PUSH_RATE * PUSH_SECONDS
+    for index in range(total):
+        # Paced against the clock, so a slow answer does not lower the offered rate.
+        delay = start + index * interval - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        event = {"kind": "text-delta", "text": f"t={time.perf_counter_ns()}"}
+        await runner.call("run.event", {"runId": run_id, "from": index + 1, "events": [event]})
+    await asyncio.sleep(1)
+    for watcher in watchers:
+        watcher.cancel()
+    await asyncio.gather(*watchers, return_exceptions=True)
+    await runner.ws.close()
+    expected = total * PUSH_WATCHERS
+    if len(latencies) != expected:
+        notes.append(f"push: {len(latencies)} of {expected} deliveries observed")
+    return latencies
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def push():
+    push_one_process()
+    push_two_processes()
+
+
+def push_one_process():
+    db = Database("sqlite")
+    try:
+        token = db.runner_token("push")
+        api_token = json.loads(db.python("bench.seed", "operator"))["apiToken"]
+        server = Server(db)
+        try:
+            latencies = asyncio.run(_push(server.ws, server.ws, token, api_token))
+        finally:
+            server.stop()
+    finally:
+        db.close()
+    results["push_p50_ms_one_process"] = round(_percentile(latencies, 0.50), 2)
+    results["push_p99_ms_one_process"] = round(_percentile(latencies, 0.99), 2)
+
+
+def push_two_processes():
+    db = Database("postgres")
+    try:
+        token = db.runner_token("push")
+        api_token = json.loads(db.python("bench.seed", "operator"))["apiToken"]
+        a = Server(db, REDIS_URL=REDIS_URL)
+        b = Server(db, REDIS_URL=REDIS_URL)
+        try:
+            latencies = asyncio.run(_push(a.ws, b.ws, token, api_token))
+        finally:
+            a.stop()
+            b.stop()
+    finally:
+        db.close()
+    results["push_p50_ms_two_processes"] = round(_percentile(latencies, 0.50), 2)
+    results["push_p99_ms_two_processes"] = round(_percentile(latencies, 0.99), 2)
+
+
+# --- memory: one server process holding 1,000 idle live sockets --------------------------
+
+IDLE_SOCKETS = 1000
+
+
+async def _hold_sockets(server: Server, api_token: str, run_id: str) -> float:
+    sockets = []
+    for _ in range(IDLE_SOCKETS):
+        ws = await websockets.connect(
+            f"{server.ws}/ws/live/", additional_headers={"Authorization": f"Bearer {api_token}"}
+        )
+        await ws.send(json.dumps({"type": "subscribe", "runId": run_id, "after": 0}))
+        sockets.append(ws)
+    for ws in sockets:  # every socket has been served its subscription
+        while json.loads(await ws.recv()).get("type") != "subscribed":
+            pass
+    await asyncio.sleep(2)
+    rss = server.rss_mb()
+    await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
+    return rss
+
+
+async def _open_run(url: str, token: str) -> str:
+    runner = await Runner.connect(url, token)
+    await runner.register()
+    await runner.call("run.open", {"conversationId": "c-idle", "runId": "idle"})
+    await runner.ws.close()
+    return "idle"
+
+
+def memory():
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+    db = Database("sqlite")
+    try:
+        token = db.runner_token("idle")
+        api_token = json.loads(db.python("bench.seed", "operator"))["apiToken"]
+        server = Server(db)
+        try:
+            run_id = asyncio.run(_open_run(server.ws, token))
+            results["memory_mb_idle_server"] = round(server.rss_mb(), 1)
+            results["memory_mb_1000_sockets"] = round(
+                asyncio.run(_hold_sockets(server, api_token, run_id)), 1
+            )
+        finally:
+            server.stop()
+    finally:
+        db.close()
+
+
+# --- a tree of 10,000 runs: REST subtree and the tree page --------------------------------
+
+TREE_RUNS = 10_000
+
+
+def _tree_page_usable_ms(server: Server, seed: dict) -> float:
+    import os
+
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=os.environ.get("CHROMIUM", "/usr/bin/chromium"),
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                "--disable-quic",
+            ],
+        )
+        page = browser.new_page()
+        page.goto(f"{server.http}/login/")
+        page.fill("input[name=username]", seed["username"])
+        page.fill("input[name=password]", seed["password"])
+        page.click("button[type=submit], input[type=submit]")
+        page.wait_for_load_state()
+        samples = []
+        for _ in range(3):
+            started = time.perf_counter()
+            page.goto(f"{server.http}/trees/{seed['root']}/")
+            # Usable: the root and its first level are on screen and answer a click.
+            page.wait_for_selector(f"[data-run-id='{seed['root']}']", state="visible")
+            page.wait_for_function("document.querySelectorAll('[data-run-id]').length > 10")
+            samples.append((time.perf_counter() - started) * 1000)
+        browser.close()
+    return statistics.median(samples)
+
+
+def tree():
+    db = Database("sqlite")
+    try:
+        seed = json.loads(db.python("bench.seed", "tree", "--runs", str(TREE_RUNS)))
+        results.update(json.loads(db.python("bench.seed", "subtree", "--run", seed["root"])))
+        server = Server(db)
+        try:
+            results["tree_page_usable_ms"] = round(_tree_page_usable_ms(server, seed), 1)
+        finally:
+            server.stop()
+    finally:
+        db.close()
+
+
 # --- report -------------------------------------------------------------------------------
 
 TARGETS = [
@@ -191,6 +403,11 @@ TARGETS = [
 STEPS = {
     "ingest": lambda: (ingest("sqlite"), ingest("postgres")),
     "read": read,
+    "push": push,
+    "push1": push_one_process,
+    "push2": push_two_processes,
+    "memory": memory,
+    "tree": tree,
 }
 
 

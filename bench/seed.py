@@ -107,8 +107,6 @@ def big_run(events: int) -> dict:
 
 def tree(runs: int) -> dict:
     """A delegation tree of ``runs`` runs (fan-out 10), plus an operator API token."""
-    from django.contrib.auth.models import Group, User
-
     runner, _token, conn = _registered_runner("tree")
     services.open_run(conn, {"conversationId": "c-tree-root", "runId": "tree-root"})
     root = Run.objects.get(run_id="tree-root")
@@ -150,12 +148,19 @@ def tree(runs: int) -> dict:
             ]
         )
         level = created
+    return {"root": "tree-root", "runs": made, **operator()}
+
+
+def operator() -> dict:
+    """An operator account with an API token, for live sockets and pages."""
+    from django.contrib.auth.models import Group, User
+
     user, _ = User.objects.get_or_create(username="bench-operator")
     user.set_password("bench-password")
     user.save()
     user.groups.add(Group.objects.get(name="operator"))
     _, api_token = services.create_api_token(user, "bench")
-    return {"root": "tree-root", "runs": made, "apiToken": api_token}
+    return {"username": "bench-operator", "password": "bench-password", "apiToken": api_token}
 
 
 def subtree(run_id: str) -> dict:
@@ -194,6 +199,8 @@ def main():
         result = big_run(args.events)
     elif args.step == "tree":
         result = tree(args.runs)
+    elif args.step == "operator":
+        result = operator()
     elif args.step == "subtree":
         result = subtree(args.run)
     else:

@@ -87,7 +87,8 @@ class Database:
         if self.kind == "postgres":
             with contextlib.suppress(Exception):
                 self._psql(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        if not os.environ.get("BENCH_KEEP"):
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 class Server:
