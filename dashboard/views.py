@@ -62,6 +62,9 @@ class LoginView(auth_views.LoginView):
     template_name = "registration/login.html"
     redirect_authenticated_user = True
 
+    def get_default_redirect_url(self):
+        return reverse("home")
+
 
 class LogoutView(auth_views.LogoutView):
     pass
@@ -134,6 +137,16 @@ def _ms(value):
 
 @require_GET
 def home(request):
+    """Open on a live tree: the newest tree that is still running, else the overview."""
+    if request.user.is_authenticated and roles.can_view(request.user):
+        live = (
+            Run.objects.filter(root__isnull=True, status=RunStatus.RUNNING)
+            .order_by("-created_at", "-id")
+            .values_list("run_id", flat=True)
+            .first()
+        )
+        if live:
+            return redirect("tree", live)
     return redirect("trees")
 
 

@@ -203,7 +203,7 @@ def sign_in(page, base_url: str, username: str, password: str):
     page.fill("input[name=username]", username)
     page.fill("input[name=password]", password)
     page.click("[data-action=sign-in]")
-    page.wait_for_url(re.compile(r".*/trees/.*"))
+    page.wait_for_url(re.compile(r".*/trees/.*"))  # the overview, or the newest live tree
 
 
 def screenshot_name(nodeid: str) -> Path:

@@ -158,7 +158,9 @@ def test_it_signs_in_and_out_with_csrf(db):
     response = client.post(
         "/login/", {"username": "olga", "password": "pw", "csrfmiddlewaretoken": token}
     )
-    assert response.status_code == 302 and response["Location"] == "/trees/"
+    assert response.status_code == 302 and response["Location"] == "/"
+    # No tree is running, so home is the overview.
+    assert client.get("/")["Location"] == "/trees/"
     assert client.get("/trees/").status_code == 200
     token = csrf(client, "/trees/")
     assert client.post("/logout/", {"csrfmiddlewaretoken": token}).status_code == 302
@@ -293,6 +295,8 @@ async def test_it_serves_a_tree_page_and_redirects_a_child_to_its_root(runner):
 
     def check():
         viewer = persona("vera", "viewer")
+        # Home opens on the newest running tree.
+        assert viewer.get("/")["Location"] == "/trees/root-2/"
         page = viewer.get("/trees/root-1/").content.decode()
         assert 'data-tree-id="root-1"' in page and "tree-page.js" in page
         assert "http://" not in page.replace("http://www.w3.org", "")  # nothing from a CDN
