@@ -92,9 +92,9 @@ function updateReport() {
     tr.dataset.status = row.status;
     if (TERMINAL.has(row.status)) {
       const after = row.finishedAt ? ` after ${formatDuration(row.finishedAt - requestedAt)}` : "";
-      cell.replaceChildren(el("span", { class: `chip chip-${row.status}` }, `stopped · ${row.status}`), el("span", { class: "muted small" }, after));
+      cell.replaceChildren(el("span", { class: `chip chip-${row.status}` }, row.status), el("div", { class: "muted small" }, `stopped${after}`));
     } else {
-      cell.replaceChildren(el("span", { class: "chip chip-running" }, "still running"), el("span", { class: "muted small" }, ` after ${formatDuration(now() - requestedAt)}`));
+      cell.replaceChildren(el("span", { class: "chip chip-running" }, "running"), el("div", { class: "small", style: "color: var(--warn)" }, `still running after ${formatDuration(now() - requestedAt)}`));
     }
   }
 }
@@ -116,6 +116,7 @@ for (const form of document.querySelectorAll("form[data-confirm]")) {
     const liveBelow = subtree.loaded ? subtree.liveDescendants(runId).length : null;
     let title;
     let message;
+    let confirmLabel = "Confirm";
     if (kind === "cancel-subtree") {
       const stop = Number(form.querySelector("[data-count]").dataset.count);
       const below = liveBelow ?? stop;
@@ -125,15 +126,19 @@ for (const form of document.querySelectorAll("form[data-confirm]")) {
         ? `This will stop ${stop} run${stop === 1 ? "" : "s"}: this run and ${below} live descendant${below === 1 ? "" : "s"}.`
         : `This will stop ${stop} live descendant${stop === 1 ? "" : "s"} (this run has already finished).`;
       message += " Each is asked to stop and the report shows which ones did.";
+      confirmLabel = `Stop ${stop} run${stop === 1 ? "" : "s"}`;
     } else if (kind === "cancel") {
       title = "Cancel this run";
+      confirmLabel = "Stop 1 run";
       message = `This will stop 1 run (${runId}).` + (liveBelow ? ` Its ${liveBelow} live descendant${liveBelow === 1 ? "" : "s"} are not cancelled directly; foreground children stop when it finishes. Use "Cancel subtree" to stop them all.` : "");
     } else {
       title = "Release the lease";
+      confirmLabel = "Release lease";
       message = "The lease is revoked and every child running under it is cancelled.";
     }
     dialog.querySelector("[data-role=title]").textContent = title;
     dialog.querySelector("[data-role=message]").textContent = message;
+    dialog.querySelector("[data-action=confirm]").textContent = confirmLabel;
     dialog.querySelector("input[name=reason]").value = "";
     dialog.onclose = () => {
       if (dialog.returnValue !== "confirm") return;
