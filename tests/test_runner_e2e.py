@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.db import connections
 
 from delegation import client as sdk
 from delegation import services
@@ -38,6 +39,14 @@ FAST = {"backoff_initial": 0.05, "backoff_max": 0.5, "call_timeout": 30}
 @pytest.fixture(autouse=True)
 def no_declared_level(monkeypatch):
     monkeypatch.delenv("PANDO_DELEGATION_DEPTH", raising=False)
+
+
+@pytest.fixture(autouse=True)
+async def close_worker_connections():
+    """Queries made through sync_to_async run in a worker thread with its own connection;
+    close it, or PostgreSQL cannot drop the test database at the end of the session."""
+    yield
+    await sync_to_async(connections.close_all)()
 
 
 async def new_token(name: str) -> str:
@@ -486,16 +495,15 @@ async def test_it_steers_and_cancels_a_long_running_scripted_child(daphne_server
             while len(kids := await children_of(root.run_id)) < 2:
                 await asyncio.sleep(0.1)
         (first, first_run), (second, _) = kids
+        # Once it is in its long phase it says nothing for seconds unless steered, so the
+        # steer's effect is the very next text of its stream.
         await read_until(
             c,
             root.run_id,
             ext,
             gen,
             first,
-            lambda r, ev: (
-                any(e.kind == "usage" for e in ev)
-                or any("Starting on" in (e.text or "") for e in ev)
-            ),
+            lambda r, ev: any("take a while" in (e.text or "") for e in ev),
         )
 
         outcome = await c.child_steer(root.run_id, ext, gen, first, "focus on the parser")
@@ -520,7 +528,7 @@ async def test_it_steers_and_cancels_a_long_running_scripted_child(daphne_server
             c, root.run_id, ext, gen, second, lambda r, ev: r.done, timeout=5
         )
         assert result.cancelled and result.status == "cancelled"
-        assert time.monotonic() - cancel_sent < 1.5
+        assert time.monotonic() - cancel_sent < 3  # the runner reacts at once; slack for load
 
         # Cancelling the root locally finishes it cancelled; the server then cancels its
         # still-running child, which the runner confirms.

@@ -314,6 +314,7 @@ class ScriptedEngine:
     async def work_long(self, ctx: RunContext) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.long_seconds
+        await self.say(ctx, f"This will take a while (about {int(self.config.long_seconds)}s).")
         tick = 0
         while loop.time() < deadline:
             tick += 1
