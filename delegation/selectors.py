@@ -201,3 +201,331 @@ def tree_summaries(root_pks) -> dict[int, dict]:
         summary["runs"] += row["n"]
         summary["maxDepth"] = max(summary["maxDepth"], row["deepest"])
     return summaries
+
+
+# --- REST API reads (issue 5) ---------------------------------------------------------------
+# Every list is built as ONE query (joins and annotations, never a query per row) so a page
+# costs the same whatever the number of runs; callers page them by primary key (keyset).
+
+
+def rest_run_rows(runs):
+    """Compact run rows for REST lists and trees, joined in the same query."""
+    from django.db.models import F
+
+    return runs.values(
+        "pk",
+        "depth",
+        "status",
+        "done",
+        "cancelled",
+        "profile",
+        "error",
+        "parent_id",
+        "root_id",
+        runId=F("run_id"),
+        conversationId=F("session__conversation_id"),
+        parentConversationId=F("session__parent__conversation_id"),
+        parentRunId=F("parent__run_id"),
+        rootRunId=F("root__run_id"),
+        runnerId=F("runner__name"),
+        hostInstanceId=F("host_instance_id"),
+        extensionId=F("extension_id"),
+        leaseId=F("lease__lease_id"),
+        lastSequence=F("last_sequence"),
+        refusedSpawns=F("refused_spawns"),
+        cancelRequestedAt=F("cancel_requested_at"),
+        createdAt=F("created_at"),
+        updatedAt=F("updated_at"),
+        finishedAt=F("finished_at"),
+    )
+
+
+def rest_runs(
+    *,
+    statuses=None,
+    depth=None,
+    depth_min=None,
+    depth_max=None,
+    runner=None,
+    profile=None,
+    root=None,
+    parent=None,
+    conversation=None,
+    created_after=None,
+    created_before=None,
+    q=None,
+):
+    """Runs matching the REST filters (all optional, combined with AND), as a queryset."""
+    from django.db.models import Exists, OuterRef, Subquery
+
+    runs = Run.objects.all()
+    if statuses:
+        runs = runs.filter(status__in=list(statuses))
+    if depth is not None:
+        runs = runs.filter(depth=depth)
+    if depth_min is not None:
+        runs = runs.filter(depth__gte=depth_min)
+    if depth_max is not None:
+        runs = runs.filter(depth__lte=depth_max)
+    if runner is not None:
+        runs = runs.filter(runner__name=runner)
+    if profile is not None:
+        runs = runs.filter(profile=profile)
+    if root is not None:
+        # The whole tree of a top-level run: the run itself and every run below it. The root's
+        # pk comes from a scalar subquery so both arms of the OR are index lookups.
+        root_pk = Run.objects.filter(run_id=root, root__isnull=True).values("pk")[:1]
+        runs = runs.filter(Q(root_id=Subquery(root_pk)) | Q(run_id=root, root__isnull=True))
+    if parent is not None:
+        runs = runs.filter(parent__run_id=parent)
+    if conversation is not None:
+        runs = runs.filter(session__conversation_id=conversation)
+    if created_after is not None:
+        runs = runs.filter(created_at__gte=created_after)
+    if created_before is not None:
+        runs = runs.filter(created_at__lt=created_before)
+    if q:
+        runs = runs.filter(Exists(Event.objects.filter(run_id=OuterRef("pk"), text__icontains=q)))
+    return runs
+
+
+def rest_subtree(run: Run, levels: int | None = None) -> tuple[list[dict], dict]:
+    """``run``'s subtree down to ``levels`` below it, and child counts of every node.
+
+    Two queries whatever the size of the tree: the rows through the denormalised root (the
+    (root, depth) index), and one aggregation of children by (parent, status), which also
+    counts the children of nodes on the depth boundary that are not returned.
+    """
+    root_pk = run.root_id or run.pk
+    in_tree = Q(pk=root_pk) | Q(root_id=root_pk)
+    rows_qs = Run.objects.filter(in_tree, depth__gte=run.depth)
+    counts_qs = Run.objects.filter(root_id=root_pk, depth__gt=run.depth)
+    if levels is not None:
+        rows_qs = rows_qs.filter(depth__lte=run.depth + levels)
+        counts_qs = counts_qs.filter(depth__lte=run.depth + levels + 1)
+    rows = list(rest_run_rows(rows_qs.order_by("depth", "id")))
+    keep = {run.pk}
+    branch = []
+    for row in rows:
+        if row["pk"] == run.pk or row["parent_id"] in keep:
+            keep.add(row["pk"])
+            branch.append(row)
+    counts: dict[int, dict[str, int]] = {}
+    for row in counts_qs.values("parent_id", "status").annotate(n=Count("id")).order_by():
+        if row["parent_id"] in keep:
+            counts.setdefault(row["parent_id"], {})[row["status"]] = row["n"]
+    return branch, counts
+
+
+def rest_subtree_ids(run: Run) -> dict[int, str]:
+    """``{pk: runId}`` of ``run`` and every run below it (one query, no event rows)."""
+    root_pk = run.root_id or run.pk
+    rows = (
+        Run.objects.filter(Q(pk=root_pk) | Q(root_id=root_pk), depth__gte=run.depth)
+        .order_by("depth", "id")
+        .values_list("pk", "parent_id", "run_id")
+    )
+    keep: dict[int, str] = {}
+    for pk, parent_pk, run_id in rows:
+        if pk == run.pk or parent_pk in keep:
+            keep[pk] = run_id
+    return keep
+
+
+EXPORT_EVENT_COLUMNS = (
+    "run_id",
+    "sequence",
+    "kind",
+    "text",
+    "tool_name",
+    "tool_call_id",
+    "input",
+    "tool_output",
+    "success",
+    "error",
+)
+
+
+def rest_event_page(run_pks, after: tuple[int, int], size: int) -> list[tuple]:
+    """The next ``size`` events of ``run_pks`` after (run pk, sequence), as tuples.
+
+    Keyset order on the (run, sequence) unique index, so each page is one index range scan and
+    an export holds one page in memory at a time, however long the streams are.
+    """
+    run_pk, sequence = after
+    events = Event.objects.filter(run_id__in=list(run_pks)).filter(
+        Q(run_id__gt=run_pk) | Q(run_id=run_pk, sequence__gt=sequence)
+    )
+    return list(events.order_by("run_id", "sequence").values_list(*EXPORT_EVENT_COLUMNS)[:size])
+
+
+def rest_sessions(
+    *, runner=None, depth=None, parent=None, profile=None, created_after=None, created_before=None
+):
+    from django.db.models import F
+
+    from delegation.models import Session
+
+    sessions = Session.objects.all()
+    if runner is not None:
+        sessions = sessions.filter(runner__name=runner)
+    if depth is not None:
+        sessions = sessions.filter(depth=depth)
+    if parent is not None:
+        sessions = sessions.filter(parent__conversation_id=parent)
+    if profile is not None:
+        sessions = sessions.filter(profile=profile)
+    if created_after is not None:
+        sessions = sessions.filter(created_at__gte=created_after)
+    if created_before is not None:
+        sessions = sessions.filter(created_at__lt=created_before)
+    return sessions.values(
+        "pk",
+        "depth",
+        "profile",
+        conversationId=F("conversation_id"),
+        runnerId=F("runner__name"),
+        parentConversationId=F("parent__conversation_id"),
+        extensionId=F("extension_id"),
+        hostInstanceId=F("host_instance_id"),
+        createdAt=F("created_at"),
+    )
+
+
+def rest_leases(*, runner=None, lease_id=None, state=None, parent_run=None, live=None, now=None):
+    from django.db.models import F
+    from django.utils import timezone
+
+    from delegation.models import Lease, LeaseState
+
+    leases = Lease.objects.all()
+    if runner is not None:
+        leases = leases.filter(runner__name=runner)
+    if lease_id is not None:
+        leases = leases.filter(lease_id=lease_id)
+    if state is not None:
+        leases = leases.filter(state=state)
+    if parent_run is not None:
+        leases = leases.filter(parent_run__run_id=parent_run)
+    if live is not None:
+        alive = Q(state=LeaseState.ACTIVE, expires_at__gt=now or timezone.now())
+        leases = leases.filter(alive) if live else leases.exclude(alive)
+    return leases.annotate(
+        childCount=Count("children"),
+        liveChildCount=Count("children", filter=Q(children__status="running")),
+    ).values(
+        "pk",
+        "state",
+        "generation",
+        "childCount",
+        "liveChildCount",
+        leaseId=F("lease_id"),
+        runnerId=F("runner__name"),
+        extensionId=F("extension_id"),
+        parentRunId=F("parent_run__run_id"),
+        createdAt=F("created_at"),
+        expiresAt=F("expires_at"),
+        endedAt=F("ended_at"),
+    )
+
+
+def rest_runners(*, connected=None, name=None):
+    from django.db.models import F
+
+    from delegation.models import Runner
+
+    runners = Runner.objects.all()
+    if connected is not None:
+        runners = runners.filter(connected=connected)
+    if name is not None:
+        runners = runners.filter(name=name)
+    return runners.values(
+        "pk",
+        "connected",
+        "workspace",
+        runnerId=F("name"),
+        connectionGeneration=F("connection_generation"),
+        hostInstanceId=F("host_instance_id"),
+        declaredDepth=F("declared_depth"),
+        createdAt=F("created_at"),
+        revokedAt=F("revoked_at"),
+        lastSeenAt=F("last_seen_at"),
+        disconnectedAt=F("disconnected_at"),
+        lostAt=F("lost_at"),
+    )
+
+
+def rest_runner_counts(runner_pk: int) -> dict[str, int]:
+    rows = Run.objects.filter(runner_id=runner_pk).values("status").annotate(n=Count("id"))
+    return {row["status"]: row["n"] for row in rows.order_by()}
+
+
+def rest_audit(
+    *,
+    action=None,
+    actor=None,
+    via=None,
+    target_type=None,
+    target_id=None,
+    outcome=None,
+    user=None,
+    created_after=None,
+    created_before=None,
+):
+    from django.db.models import F
+
+    from delegation.models import AuditEntry
+
+    entries = AuditEntry.objects.all()
+    if action is not None:
+        entries = entries.filter(action=action)
+    if actor is not None:
+        entries = entries.filter(actor=actor)
+    if via is not None:
+        entries = entries.filter(via=via)
+    if target_type is not None:
+        entries = entries.filter(target_type=target_type)
+    if target_id is not None:
+        entries = entries.filter(target_id=target_id)
+    if outcome is not None:
+        entries = entries.filter(outcome=outcome)
+    if user is not None:
+        entries = entries.filter(user__username=user)
+    if created_after is not None:
+        entries = entries.filter(created_at__gte=created_after)
+    if created_before is not None:
+        entries = entries.filter(created_at__lt=created_before)
+    return entries.values(
+        "pk",
+        "actor",
+        "via",
+        "action",
+        "reason",
+        "outcome",
+        "detail",
+        username=F("user__username"),
+        targetType=F("target_type"),
+        targetId=F("target_id"),
+        createdAt=F("created_at"),
+    )
+
+
+def rest_run(run_id: str) -> Run | None:
+    """One run with everything its REST detail shows, in one query."""
+    return (
+        Run.objects.select_related(*RESULT_RELATED, "root", "lease", "lease__runner")
+        .filter(run_id=run_id)
+        .first()
+    )
+
+
+def rest_session_runs(session_pk: int):
+    return rest_run_rows(Run.objects.filter(session_id=session_pk).order_by("created_at", "id"))
+
+
+def rest_presets(runner_pk: int) -> list:
+    from delegation.models import ExtensionPreset
+
+    return list(
+        ExtensionPreset.objects.filter(runner_id=runner_pk).order_by("extension_id", "name")
+    )

@@ -1,0 +1,319 @@
+"""Runs: list and filter, detail, subtree, events, NDJSON export, and the run actions."""
+
+from django.http import Http404
+from django.utils import timezone
+from ninja import Query, Router, Schema
+from pydantic import Field
+
+from dashboard.api import export
+from dashboard.api.core import (
+    DEFAULT_LIMIT,
+    ErrorOut,
+    actor_for,
+    decode_cursor,
+    encode_cursor,
+    keyset_page,
+    strict_query,
+)
+from dashboard.api.schemas import (
+    CancelBody,
+    CancelReport,
+    DepthParam,
+    EventPage,
+    LimitParam,
+    QueryBool,
+    QueryTime,
+    RunDetail,
+    RunPage,
+    SequenceParam,
+    SteerBody,
+    SteerOutcome,
+    TreeNode,
+    cursor_param,
+)
+from delegation import selectors, services
+from delegation.models import RunStatus
+
+router = Router(tags=["runs"])
+
+READ = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut}
+LIST = {401: ErrorOut, 403: ErrorOut, 422: ErrorOut}
+ACT = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut}
+
+
+def has_nul(*values) -> bool:
+    """PostgreSQL text cannot hold NUL: such a filter matches nothing, so answer that."""
+    for value in values:
+        if isinstance(value, str) and "\x00" in value:
+            return True
+        if isinstance(value, list) and has_nul(*value):
+            return True
+    return False
+
+
+def find_run(run_id: str):
+    run = None if has_nul(run_id) else selectors.rest_run(run_id)
+    if run is None:
+        raise Http404(f"runId: no run {run_id!r}")
+    return run
+
+
+def counts_out(counts: dict[str, int]) -> dict:
+    out = {status.value: counts.get(status.value, 0) for status in RunStatus}
+    out["total"] = sum(counts.values())
+    return out
+
+
+def run_item(row: dict) -> dict:
+    """A row of ``selectors.rest_run_rows`` as the API shows it: "" for absent references."""
+    item = dict(row)
+    for key in ("parentRunId", "parentConversationId", "leaseId"):
+        if item[key] is None:
+            item[key] = ""
+    if item["rootRunId"] is None:
+        item["rootRunId"] = item["runId"]
+    return item
+
+
+# --- List ------------------------------------------------------------------------------------
+
+
+class RunFilters(Schema):
+    status: list[RunStatus] = Field(
+        default=None, description="Repeat for several: ?status=running&status=failed"
+    )
+    depth: DepthParam = Field(default=None, description="Exactly this depth")
+    depth_min: DepthParam = Field(default=None, description="Depth at least")
+    depth_max: DepthParam = Field(default=None, description="Depth at most")
+    runner: str = Field(default=None, description="runnerId")
+    profile: str = Field(default=None, description="Profile (preset) name")
+    root: str = Field(
+        default=None,
+        description="runId of a top-level run: that run and every run of its tree",
+    )
+    parent: str = Field(default=None, description="runId of the parent: its direct children")
+    conversation: str = Field(default=None, description="conversationId of the session")
+    created_after: QueryTime = Field(default=None, description="Created at or after")
+    created_before: QueryTime = Field(default=None, description="Created strictly before")
+    q: str = Field(
+        default=None, description="Case-insensitive substring of any of the run's event texts"
+    )
+    cursor: cursor_param("r") = None
+    limit: LimitParam = DEFAULT_LIMIT
+
+
+@router.get(
+    "/runs",
+    response={200: RunPage, **LIST},
+    summary="List runs, newest first",
+    description="Filters combine with AND. Keyset-paginated on the run's primary key "
+    "(newest first): a page never shifts when runs are added meanwhile.",
+)
+@strict_query(RunFilters, lists=("status",))
+def list_runs(request, filters: Query[RunFilters]):
+    strings = (filters.runner, filters.profile, filters.root, filters.parent)
+    if has_nul(*strings, filters.conversation, filters.q):
+        return {"items": [], "next": None}
+    runs = selectors.rest_runs(
+        statuses=filters.status,
+        depth=filters.depth,
+        depth_min=filters.depth_min,
+        depth_max=filters.depth_max,
+        runner=filters.runner,
+        profile=filters.profile,
+        root=filters.root,
+        parent=filters.parent,
+        conversation=filters.conversation,
+        created_after=filters.created_after,
+        created_before=filters.created_before,
+        q=filters.q,
+    )
+    page = keyset_page(selectors.rest_run_rows(runs), "r", filters.cursor, filters.limit)
+    page["items"] = [run_item(row) for row in page["items"]]
+    return page
+
+
+# --- Detail and tree ---------------------------------------------------------------------------
+
+
+class NoParams(Schema):
+    pass
+
+
+@router.get(
+    "/runs/{runId}",
+    response={200: RunDetail, **READ},
+    summary="A run: its Result, depth, status, child counts and lease",
+)
+@strict_query(NoParams)
+def get_run(request, runId: str):  # noqa: N803
+    run = find_run(runId)
+    result = selectors.snapshot(run)
+    lease = run.lease
+    now = timezone.now()
+    result.update(
+        rootRunId=run.root.run_id if run.root_id else run.run_id,
+        childCounts=counts_out(selectors.child_counts(run)),
+        lease=(
+            {
+                "id": lease.pk,
+                "leaseId": lease.lease_id,
+                "runnerId": lease.runner.name,
+                "state": lease.state,
+                "live": lease.is_live(now),
+                "expiresAt": lease.expires_at,
+            }
+            if lease is not None
+            else None
+        ),
+        lastSequence=run.last_sequence,
+        refusedSpawns=run.refused_spawns,
+        cancelRequestedAt=run.cancel_requested_at,
+        cancelReason=run.cancel_reason,
+        createdAt=run.created_at,
+        updatedAt=run.updated_at,
+        finishedAt=run.finished_at,
+    )
+    return result
+
+
+class TreeQuery(Schema):
+    levels: DepthParam = Field(
+        default=None,
+        description="How many levels below the run to include (0: the run alone). "
+        "Default: all. Nodes on the boundary carry childCounts and childrenIncluded=false.",
+    )
+
+
+@router.get(
+    "/runs/{runId}/tree",
+    response={200: TreeNode, **READ},
+    summary="A run and its subtree, nested",
+    description="Three queries whatever the size of the tree (the run, its subtree through "
+    "the tree's root, and child counts by aggregation).",
+)
+@strict_query(TreeQuery)
+def get_tree(request, runId: str, params: Query[TreeQuery]):  # noqa: N803
+    run = find_run(runId)
+    rows, counts = selectors.rest_subtree(run, params.levels)
+    boundary = run.depth + params.levels if params.levels is not None else None
+    nodes = {}
+    top = None
+    for row in rows:
+        node = run_item(row)
+        node["childCounts"] = counts_out(counts.get(row["pk"], {}))
+        node["childrenIncluded"] = boundary is None or row["depth"] < boundary
+        node["children"] = []
+        nodes[row["pk"]] = node
+        if row["pk"] == run.pk:
+            top = node
+        else:
+            nodes[row["parent_id"]]["children"].append(node)
+    return top
+
+
+# --- Events ------------------------------------------------------------------------------------
+
+
+class EventParams(Schema):
+    after: SequenceParam = Field(
+        default=None,
+        description="Return events with sequence > after (default 0). With `cursor` too, "
+        "the later position wins.",
+    )
+    kind: list[str] = Field(default=None, description="Only these kinds (repeatable)")
+    cursor: cursor_param("e") = None
+    limit: LimitParam = DEFAULT_LIMIT
+
+
+@router.get(
+    "/runs/{runId}/events",
+    response={200: EventPage, **READ},
+    exclude_unset=True,
+    summary="A run's events in sequence order",
+    description="Page with `after` (a sequence number) or with the `next` cursor of the "
+    "previous page; at most `limit` (≤ 1000) events per page.",
+)
+@strict_query(EventParams, lists=("kind",))
+def get_events(request, runId: str, params: Query[EventParams]):  # noqa: N803
+    run = find_run(runId)
+    # Both given: the later position wins (each alone is a valid starting point).
+    after = max(params.after or 0, decode_cursor("e", params.cursor) or 0)
+    if has_nul(params.kind):
+        return {"items": [], "next": None, "lastSequence": run.last_sequence}
+    events = selectors.events_after(run, after, params.limit + 1, params.kind)
+    following = None
+    if len(events) > params.limit:
+        events = events[: params.limit]
+        following = encode_cursor("e", events[-1].sequence)
+    return {
+        "items": [selectors.event_wire(event) for event in events],
+        "next": following,
+        "lastSequence": run.last_sequence,
+    }
+
+
+class ExportParams(Schema):
+    subtree: QueryBool = Field(
+        default=False, description="Also every run below it (each line names its runId)"
+    )
+
+
+@router.get(
+    "/runs/{runId}/export",
+    response=READ,
+    summary="Export events as NDJSON (streamed)",
+    description="One JSON object per line: `runId` plus the event as /events shows it. Runs "
+    "in primary-key order, each run's events in sequence order. Streamed page by page (keyset "
+    "on the (run, sequence) index), so memory stays flat however many events there are.",
+    openapi_extra={
+        "responses": {
+            "200": {
+                "description": "NDJSON stream",
+                "content": {"application/x-ndjson": {"schema": {"type": "string"}}},
+            }
+        }
+    },
+)
+@strict_query(ExportParams)
+def export_events(request, runId: str, params: Query[ExportParams]):  # noqa: N803
+    run = find_run(runId)
+    runs = selectors.rest_subtree_ids(run) if params.subtree else {run.pk: run.run_id}
+    return export.ndjson_response(request, runs, filename=f"{run.pk}.ndjson")
+
+
+# --- Actions -----------------------------------------------------------------------------------
+
+
+@router.post(
+    "/runs/{runId}/cancel",
+    response={200: CancelReport, **ACT},
+    summary="Cancel a run (optionally its whole subtree)",
+    description="Needs the operator role (a refusal is audited). Through the engine's "
+    "do_cancel_run, the same path as child.cancel: records `cancel-requested` and tells the "
+    "runner; `done && cancelled` appear once the runner confirms. Idempotent. The body may be "
+    "omitted.",
+)
+@strict_query(NoParams)
+def cancel_run(request, runId: str, body: CancelBody = CancelBody()):  # noqa: N803, B008
+    run = find_run(runId)
+    body = body or CancelBody()
+    return services.do_cancel_run(actor_for(request), run, reason=body.reason, cascade=body.cascade)
+
+
+@router.post(
+    "/runs/{runId}/steer",
+    response={200: SteerOutcome, **ACT},
+    exclude_unset=True,
+    summary="Steer a running run",
+    description="Needs the operator role. Same rules and idempotency as child.steer: "
+    "`injected` when the run is running (a `steer` event is recorded and the runner gets "
+    "run.steer), else `promptRequired`/`noRunningTurn`. A reused requestId with another "
+    "message is 409 (rpcCode −32013); the 129th receipt of a child is 409 (−32011).",
+)
+@strict_query(NoParams)
+def steer_run(request, runId: str, body: SteerBody):  # noqa: N803
+    run = find_run(runId)
+    return services.do_steer_run(
+        actor_for(request), run, request_id=body.request_id, message=body.message
+    )

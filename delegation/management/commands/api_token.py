@@ -1,0 +1,69 @@
+"""API tokens for scripts: create (shown once, alone on the last line), list, revoke.
+
+A token acts with its user's role (viewer, operator, admin); it is stored hashed and can
+never be shown again. Revoke it by the prefix ``list`` prints.
+"""
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+from delegation import roles, services
+from delegation.models import ApiToken
+
+
+class Command(BaseCommand):
+    help = "Create, list or revoke REST API tokens."
+
+    def add_arguments(self, parser):
+        sub = parser.add_subparsers(dest="action", required=True)
+        create = sub.add_parser("create", help="create a token for a user (shown once)")
+        create.add_argument("username")
+        create.add_argument("--name", default="", help="a label, e.g. the script using it")
+        listing = sub.add_parser("list", help="list tokens (prefix, user, name, state)")
+        listing.add_argument("--user", default=None, help="only this user's tokens")
+        revoke = sub.add_parser("revoke", help="revoke every active token with this prefix")
+        revoke.add_argument("prefix")
+
+    def handle(self, *args, action, **options):
+        getattr(self, f"_{action}")(**options)
+
+    def _create(self, username, name, **_):
+        user = get_user_model().objects.filter(username=username).first()
+        if user is None:
+            raise CommandError(f"no user named {username!r}")
+        if not user.is_active:
+            raise CommandError(f"user {username!r} is inactive; its tokens would not work")
+        api_token, token = services.create_api_token(user, name)
+        role = roles.role_of(user)
+        self.stdout.write(
+            f"API token {api_token.token_prefix} for {username!r} "
+            f"(role {role or 'none: it will be refused with 403 until the user has one'})."
+        )
+        self.stdout.write("It is shown once and stored hashed; keep it now:")
+        self.stdout.write(token)
+
+    def _list(self, user=None, **_):
+        tokens = ApiToken.objects.select_related("user").order_by("created_at", "id")
+        if user is not None:
+            tokens = tokens.filter(user__username=user)
+        for api_token in tokens:
+            state = (
+                f"revoked {api_token.revoked_at:%Y-%m-%d %H:%M}"
+                if api_token.revoked_at
+                else "active"
+            )
+            used = (
+                f"last used {api_token.last_used_at:%Y-%m-%d %H:%M}"
+                if api_token.last_used_at
+                else "never used"
+            )
+            self.stdout.write(
+                f"{api_token.token_prefix}\t{api_token.user.get_username()}\t"
+                f"{api_token.name or '-'}\t{state}\t{used}"
+            )
+
+    def _revoke(self, prefix, **_):
+        count = services.revoke_api_token(prefix)
+        if not count:
+            raise CommandError(f"no active API token with prefix {prefix!r}")
+        self.stdout.write(f"Revoked {count} API token{'s' if count != 1 else ''} ({prefix}).")

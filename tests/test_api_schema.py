@@ -1,0 +1,108 @@
+"""Schemathesis against /api/openapi.json: for every operation, a bounded number of
+generated requests (valid and invalid) with an operator's token; no 5xx, every response
+matches its documented status, content type and schema, invalid input is refused, valid input
+is accepted, and auth is enforced. Runs in ``make test`` (no server: WSGI in-process).
+
+On its own: ``.venv/bin/python -m pytest tests/test_api_schema.py``.
+"""
+
+import itertools
+
+import pytest
+import schemathesis
+from django.core import signals
+from django.core.wsgi import get_wsgi_application
+from django.db import close_old_connections
+from hypothesis import HealthCheck, settings
+
+from delegation import services
+from tests.test_api_support import build_world, make_user
+
+MAX_EXAMPLES = 20
+
+
+@pytest.fixture(autouse=True)
+def keep_connection():
+    """A raw WSGI call closes the database connection when the request ends, which would
+    end the test's transaction; Django's own test client unhooks this the same way."""
+    signals.request_started.disconnect(close_old_connections)
+    signals.request_finished.disconnect(close_old_connections)
+    yield
+    signals.request_started.connect(close_old_connections)
+    signals.request_finished.connect(close_old_connections)
+
+
+def load_schema():
+    """The document as the server publishes it (serving it needs no database)."""
+    signals.request_finished.disconnect(close_old_connections)
+    try:
+        return schemathesis.openapi.from_wsgi("/api/openapi.json", get_wsgi_application())
+    finally:
+        signals.request_finished.connect(close_old_connections)
+
+
+# Loaded eagerly: schemathesis's lazy `from_fixture` does not run on pytest 9.
+schema = load_schema()
+_current = {}
+
+
+@pytest.fixture
+def operator_world(db):
+    """The world each operation's examples run against, and an operator's API token. After
+    the examples, it checks that some were answered 2xx: a wrong token would answer 401 to
+    everything, which every check accepts."""
+    world = build_world()
+    _, _current["token"] = services.create_api_token(make_user("otto", "operator"), "st")
+    _current["statuses"] = []
+    yield world
+    statuses = _current.pop("statuses")
+    assert any(200 <= status < 300 for status in statuses), statuses
+
+
+@schema.auth(refresh_interval=None)
+class OperatorToken:
+    """Explicit auth: schemathesis then still sends negated Authorization headers on its own
+    (and expects 401), but never random credentials in place of the real token."""
+
+    def get(self, case, context):
+        # Schemathesis also asks while collecting, before any test has made a token.
+        return _current.get("token", "collecting")
+
+    def set(self, case, data, context):
+        case.headers = case.headers or {}
+        case.headers["Authorization"] = f"Bearer {data}"
+
+
+_turn = itertools.count()
+
+
+def aim_at_real_resources(case, world) -> None:
+    """Every other case addresses a resource that exists, so success responses are checked
+    against their schemas too (a random id only ever reaches the 404 branch)."""
+    if next(_turn) % 2:
+        return
+    real = {
+        "runId": world.child["runId"],
+        "conversationId": "conv-root-1",
+        "runnerId": world.runner_name,
+    }
+    for name, value in real.items():
+        if name in (case.path_parameters or {}):
+            case.path_parameters[name] = value
+    current = (case.path_parameters or {}).get("id")
+    # Only a schema-valid id is swapped for a real one: a negative case must stay negative.
+    if type(current) is int and 1 <= current <= 2**63 - 1:
+        case.path_parameters["id"] = world.lease_pk
+
+
+@schema.parametrize()
+@settings(
+    max_examples=MAX_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
+)
+def test_it_conforms_to_its_openapi_document(case, operator_world):
+    aim_at_real_resources(case, operator_world)
+    response = case.call_and_validate()
+    _current["statuses"].append(response.status_code)
