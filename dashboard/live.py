@@ -708,6 +708,14 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     # --- doorbells ---------------------------------------------------------------------------
 
+    async def dispatch(self, message):
+        # A doorbell type this socket does not know (a newer engine) must not close it.
+        from channels.consumer import get_handler_name
+
+        if getattr(self, get_handler_name(message), None) is None:
+            return
+        await super().dispatch(message)
+
     async def run_changed(self, message):
         run_pk, root_pk = message.get("run"), message.get("root")
         if run_pk in self.runs:
