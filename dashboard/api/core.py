@@ -96,7 +96,7 @@ the envelope also carries `rpcCode`.
 | 403 | `csrf_failed` | session-authenticated unsafe request without a valid CSRF token |
 | 404 | `not_found` | no such run, session, runner or lease (also −32003, −32004) |
 | 405 | `method_not_allowed` | wrong HTTP method for the path |
-| 409 | `conflict` | −32013 requestId reused with a different message, −32011 admission caps (e.g. the 129th steer receipt), −32014, −32015, −32016 |
+| 409 | `conflict` | −32013 requestId reused with a different message, −32011 admission caps (e.g. the 129th steer receipt of a child), −32010, −32012, −32014, −32015, −32016 |
 | 422 | `invalid` | a body field, query or path parameter broke a rule: unknown field, `null`, wrong type, out of range, bad cursor (also −32602) |
 | 500 | `internal_error` | a bug; nothing is leaked |
 """
@@ -326,7 +326,6 @@ def strict_query(*schemas, lists=()):
 # --- Cursors ----------------------------------------------------------------------------------
 
 DEFAULT_LIMIT = 100
-MAX_LIMIT = 1000
 BIGINT_MAX = 2**63 - 1
 
 

@@ -72,7 +72,6 @@ def _query_time(value: Any) -> Any:
         )
 
 
-QueryInt = Annotated[int, BeforeValidator(_query_int)]
 QueryBool = Annotated[bool, BeforeValidator(_query_bool)]
 QueryTime = Annotated[
     datetime,
