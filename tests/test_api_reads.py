@@ -215,7 +215,7 @@ def test_it_lists_sessions_leases_runners_and_audit(api, as_, world):
     assert [r["runId"] for r in detail["runs"]] == ["root-1"]
     assert api.get("/api/sessions/none").status_code == 404
 
-    leases = api.get("/api/leases", {"runner": "runner-a", "leaseId": "lease-1"}).json()
+    leases = api.get("/api/leases", {"runner": "runner-a", "lease_id": "lease-1"}).json()
     (lease,) = leases["items"]
     assert lease["id"] == world.lease_pk and lease["state"] == "active" and lease["live"]
     assert lease["parentRunId"] == "root-1" and lease["childCount"] == 1
@@ -238,7 +238,7 @@ def test_it_lists_sessions_leases_runners_and_audit(api, as_, world):
     cancel = api.get("/api/audit", {"action": "cancel", "user": "otto"}).json()["items"]
     assert cancel[0]["reason"] == "enough" and cancel[0]["via"] == "api"
     assert cancel[0]["targetId"] == world.child["runId"] and cancel[0]["actor"] == "user:otto"
-    by_target = api.get("/api/audit", {"targetId": world.leased["runId"]}).json()["items"]
+    by_target = api.get("/api/audit", {"target_id": world.leased["runId"]}).json()["items"]
     assert [e["action"] for e in by_target] == ["steer"]
     assert api.get("/api/audit", {"via": "runner"}).json()["items"] == []
 

@@ -13,6 +13,10 @@ Django session, in which case POST requests also need the CSRF token in `X-CSRFT
 Roles: **viewer** reads everything; **operator** may also cancel, steer and release;
 **admin** also manages tokens. A signed-in user with no role gets 403 everywhere.
 
+**Names.** Query parameters are snake_case (`depth_min`, `created_after`, `lease_id`); JSON
+bodies and responses use the wire's camelCase (`runId`, `requestId`). Unknown or repeated
+query parameters are refused (422), so a typo never silently widens a filter.
+
 **Pagination.** Every list answers `{"items": [...], "next": cursor|null}`; pass `next` back
 as `cursor` for the following page. Cursors are keyset positions on a unique indexed key, so
 rows added while you page never shift or repeat a page.

@@ -96,9 +96,9 @@ def get_session(request, conversationId: str):  # noqa: N803
 
 class LeaseFilters(Schema):
     runner: str = Field(default=None, description="runnerId (leaseIds are unique per runner)")
-    leaseId: str = Field(default=None, description="The runner-scoped leaseId")
+    lease_id: str = Field(default=None, description="The runner-scoped leaseId")
     state: LeaseState = None
-    parentRun: str = Field(default=None, description="runId of the run that holds it")
+    parent_run: str = Field(default=None, description="runId of the run that holds it")
     live: QueryBool = Field(default=None, description="Only live (true) or only ended (false)")
     cursor: cursor_param("l") = None
     limit: LimitParam = DEFAULT_LIMIT
@@ -115,7 +115,7 @@ def lease_item(row: dict, now) -> dict:
 
 LEASE_ADDRESSING = (
     "A leaseId is unique only per runner (SPEC §6), so a lease is addressed by its `id`, "
-    "the number every lease item carries; find it with `GET /api/leases?runner=R&leaseId=L`."
+    "the number every lease item carries; find it with `GET /api/leases?runner=R&lease_id=L`."
 )
 
 
@@ -128,14 +128,14 @@ LEASE_ADDRESSING = (
 )
 @strict_query(LeaseFilters)
 def list_leases(request, filters: Query[LeaseFilters]):
-    if has_nul(filters.runner, filters.leaseId, filters.parentRun):
+    if has_nul(filters.runner, filters.lease_id, filters.parent_run):
         return {"items": [], "next": None}
     now = timezone.now()
     rows = selectors.rest_leases(
         runner=filters.runner,
-        lease_id=filters.leaseId,
+        lease_id=filters.lease_id,
         state=filters.state,
-        parent_run=filters.parentRun,
+        parent_run=filters.parent_run,
         live=filters.live,
         now=now,
     )
@@ -253,8 +253,8 @@ class AuditFilters(Schema):
     actor: str = Field(default=None, description='e.g. "user:alice", "runner:ci-1"')
     user: str = Field(default=None, description="Username")
     via: AuditEntry.Via = None
-    targetType: str = Field(default=None, description="run, lease or runner")
-    targetId: str = Field(default=None, description="runId, leaseId or runnerId")
+    target_type: str = Field(default=None, description="run, lease or runner")
+    target_id: str = Field(default=None, description="runId, leaseId or runnerId")
     outcome: str = None
     created_after: QueryTime = None
     created_before: QueryTime = None
@@ -272,16 +272,16 @@ class AuditFilters(Schema):
 )
 @strict_query(AuditFilters)
 def list_audit(request, filters: Query[AuditFilters]):
-    strings = (filters.action, filters.actor, filters.user, filters.targetType)
-    if has_nul(*strings, filters.targetId, filters.outcome):
+    strings = (filters.action, filters.actor, filters.user, filters.target_type)
+    if has_nul(*strings, filters.target_id, filters.outcome):
         return {"items": [], "next": None}
     rows = selectors.rest_audit(
         action=filters.action,
         actor=filters.actor,
         user=filters.user,
         via=filters.via,
-        target_type=filters.targetType,
-        target_id=filters.targetId,
+        target_type=filters.target_type,
+        target_id=filters.target_id,
         outcome=filters.outcome,
         created_after=filters.created_after,
         created_before=filters.created_before,
