@@ -28,7 +28,7 @@ from delegation.errors import (
     STALE_CONNECTION,
     RpcError,
 )
-from delegation.wire import MAX_FRAME_BYTES, dumps, loads_strict
+from delegation.wire import MAX_FRAME_BYTES, dumps, loads_strict, refuse_nul
 
 log = logging.getLogger(__name__)
 
@@ -145,9 +145,9 @@ class RunnerConsumer(AsyncWebsocketConsumer):
                 RpcError(STALE_CONNECTION, "stale connection: this socket was fenced"),
             )
             return
-        await self._on_request(frame)
+        await self._on_request(frame, text_data)
 
-    async def _on_request(self, frame: dict):
+    async def _on_request(self, frame: dict, text_data: str):
         rpc_id = frame.get("id")
         has_id = "id" in frame
         unknown = set(frame) - ENVELOPE_KEYS
@@ -175,6 +175,8 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             return
         params = frame.get("params", {})
         try:
+            if "\\u0000" in text_data:
+                refuse_nul(params)
             if method == "runner.register":
                 result = await self._register(params)
             elif not self.conn.generation:

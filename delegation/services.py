@@ -174,7 +174,10 @@ def authenticate_api_token(token: str):
     )
     if found is None:
         return None
-    ApiToken.objects.filter(pk=found.pk).update(last_used_at=timezone.now())
+    now = timezone.now()
+    # Refreshed at most once a minute: every API read would otherwise be a write.
+    if found.last_used_at is None or now - found.last_used_at > timedelta(seconds=60):
+        ApiToken.objects.filter(pk=found.pk).update(last_used_at=now)
     return found.user
 
 

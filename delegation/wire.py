@@ -89,6 +89,36 @@ def loads_strict(text: str | bytes) -> Any:
     return value
 
 
+def refuse_nul(value: Any, prefix: str = "params") -> None:
+    """PostgreSQL can store no NUL in text or jsonb: refuse it up front, naming the field."""
+    where = _nul_path(value, prefix)
+    if where is not None:
+        raise RpcError(
+            INVALID_PARAMS,
+            f"{where}: NUL characters (\\u0000) are refused; the record cannot store them",
+        )
+
+
+def _nul_path(value: Any, path: str = "") -> str | None:
+    """The dotted path of the first string (or key) holding a NUL, or None."""
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{path}.{key}" if path else key
+            if "\x00" in key:
+                return here
+            found = _nul_path(item, here)
+            if found is not None:
+                return found
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _nul_path(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None
+
+
 def dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 

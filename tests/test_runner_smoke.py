@@ -25,3 +25,18 @@ async def test_it_registers_opens_and_starts_a_child(runner):
         },
     )
     assert read["events"] == [{"sequence": 1, "kind": "text", "text": "hi"}]
+
+
+async def test_it_refuses_a_nul_character_naming_the_field_and_stores_nothing(runner):
+    await runner.open("root-1")
+    frame = await runner.call(
+        "run.event",
+        {"runId": "root-1", "from": 1, "events": [{"kind": "text", "text": "a\u0000b"}]},
+    )
+    assert frame["id"] is not None
+    assert frame["error"]["code"] == -32602
+    assert "params.events[0].text" in frame["error"]["message"]
+    stored = await runner.ok(
+        "run.event", {"runId": "root-1", "from": 1, "events": [{"kind": "text", "text": "ab"}]}
+    )
+    assert stored == {"emitted": 1, "sequence": 1}
