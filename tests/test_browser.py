@@ -17,8 +17,6 @@ from delegation.models import AuditEntry, Event, Lease, Run
 from tests.browser import CHROMIUM, ScriptedRunner, launch, screenshot_name, sequences, sign_in
 from tests.live_server import daphne_factory  # noqa: F401  (fixture)
 
-os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"  # Playwright's sync API runs a loop here
-
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium package"),
@@ -50,6 +48,17 @@ def browser(request):
     from playwright.sync_api import sync_playwright
 
     failed_before = request.session.testsfailed
+    # Playwright's sync API runs an event loop in this thread, and the test reads the ORM.
+    # Only for these tests: elsewhere the check must keep catching ORM calls from async code.
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    request.addfinalizer(
+        lambda: (
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+            if previous is None
+            else os.environ.__setitem__("DJANGO_ALLOW_ASYNC_UNSAFE", previous)
+        )
+    )
     with sync_playwright() as playwright:
         chromium = launch(playwright)
         pages = []
