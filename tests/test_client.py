@@ -652,9 +652,10 @@ async def test_it_turns_a_handler_refusal_into_an_error_answer(fake):
 
 
 def test_it_has_no_django_import():
-    # Run in a fresh interpreter: an agent host without Django must be able to import the SDK.
+    # Run in a fresh interpreter: an agent host without Django must be able to import the SDK
+    # and the reference runner (python -m delegation.runner).
     code = (
-        "import sys; import delegation.client; "
+        "import sys; import delegation.client, delegation.runner.cli; "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'channels', "
         "'pydantic')); print(bad); sys.exit(1 if bad else 0)"
     )

@@ -736,3 +736,30 @@ async def test_it_connects_the_documented_shell_agent_through_the_command_engine
     assert ("thinking", "reviewing at level 0") in texts
     assert ("text", "operator says: be nice") in texts
     assert ("text", "operator says: done") in texts
+
+
+async def test_it_runs_the_documented_sdk_example(daphne_server, tmp_path):
+    token = await new_token("sdk-example")
+    source = doc_block("python", "import asyncio")
+    source = source.replace("ws://127.0.0.1:8000/ws/runner/", daphne_server.ws_url)
+    source = source.replace('token="cnr_..."', f"token={token!r}")
+    script = tmp_path / "example.py"
+    script.write_text(source)
+    env = {**os.environ, "PYTHONPATH": str(BASE_DIR)}
+    env.pop("PANDO_DELEGATION_DEPTH", None)
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    run = await sync_to_async(Run.objects.select_related("session").get)(run_id="run-1")
+    assert (run.status, run.output) == ("succeeded", "done")
+    texts = [e["text"] for e in await stored("run-1")]
+    assert "child said: found 3 sources" in texts
+    child = await sync_to_async(Run.objects.get)(parent=run)
+    assert (child.depth, child.status, child.output) == (1, "succeeded", "found 3 sources")

@@ -13,6 +13,7 @@ alone on the last line, for scripts that start the processes themselves).
 
 from __future__ import annotations
 
+import io
 import os
 import secrets
 import signal
@@ -54,7 +55,7 @@ class Command(BaseCommand):
             roles.OPERATOR,
             "--password",
             password,
-            stdout=open(os.devnull, "w"),  # noqa: SIM115 - the password is printed below, once
+            stdout=io.StringIO(),  # quiet: the password is printed below, once
         )
         _runner, token = services.create_runner(RUNNER_NAME)
         base = f"http://{_display_host(opts['host'])}:{opts['port']}"
