@@ -44,7 +44,7 @@ def collect():
     The runner socket's hot path (run.event) would otherwise block its database thread on a
     round trip to the event loop for every ring.
     """
-    bells: dict[str, dict] = {}
+    bells: dict[tuple, dict] = {}
     previous = getattr(_local, "bells", None)
     _local.bells = bells
     try:
@@ -53,11 +53,11 @@ def collect():
         _local.bells = previous
 
 
-async def ring_collected(bells: dict[str, dict]) -> None:
+async def ring_collected(bells: dict[tuple, dict]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
-    for group, message in bells.items():
+    for (group, _run), message in bells.items():
         try:
             await layer.group_send(group, message)
         except Exception:
@@ -67,8 +67,9 @@ async def ring_collected(bells: dict[str, dict]) -> None:
 def _send(group: str, message: dict) -> None:
     bells = getattr(_local, "bells", None)
     if bells is not None:
-        # Only the latest ring per group matters: listeners read the database anyway.
-        bells[group] = message
+        # One ring per group and run: listeners read the database anyway, but a tree's
+        # listeners want to know every run that changed.
+        bells[(group, message.get("run"))] = message
         return
     layer = get_channel_layer()
     if layer is None:
