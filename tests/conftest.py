@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 
@@ -30,6 +31,8 @@ class RpcClient:
         self.ids = itertools.count(1)
         self.commands: list[dict] = []  # server-to-runner requests seen so far
         self.answer_commands = True
+        # Responses that arrived while waiting for another id (e.g. a pending release).
+        self.stash: dict = {}
 
     async def connect(self):
         connected, code = await self.ws.connect(timeout=10)
@@ -50,7 +53,12 @@ class RpcClient:
             )
 
     async def reply_to(self, rpc_id, timeout: float = 10) -> dict:
-        """The next response with ``rpc_id``, recording server commands on the way."""
+        """The next response with ``rpc_id``, recording server commands on the way.
+
+        Responses to other (non-null) ids are kept in ``stash`` for a later ``reply_to``.
+        """
+        if rpc_id is not None and rpc_id in self.stash:
+            return self.stash.pop(rpc_id)
         while True:
             frame = await self.receive(timeout)
             if "method" in frame:
@@ -58,6 +66,17 @@ class RpcClient:
                 continue
             if frame.get("id") == rpc_id:
                 return frame
+            if frame.get("id") is not None:
+                self.stash[frame["id"]] = frame
+
+    async def next_response(self, timeout: float = 10) -> dict:
+        """The next response of any id (commands on the way are handled as usual)."""
+        while True:
+            frame = await self.receive(timeout)
+            if "method" in frame:
+                await self._note_command(frame)
+                continue
+            return frame
 
     async def raw_call(self, text: str, rpc_id) -> dict:
         await self.send_raw(text)
@@ -100,6 +119,77 @@ class RpcClient:
             if "method" in frame:
                 await self._note_command(frame)
 
+    async def send(self, method: str, params=None, rpc_id=None):
+        """Send a request without waiting; returns its id (answer it with ``reply_to``)."""
+        rpc_id = next(self.ids) if rpc_id is None else rpc_id
+        frame = {"jsonrpc": "2.0", "id": rpc_id, "method": method}
+        if params is not None:
+            frame["params"] = params
+        await self.send_raw(json.dumps(frame))
+        return rpc_id
+
+    async def notify(self, method: str, params=None):
+        """A JSON-RPC notification: no id, so the server never answers it."""
+        frame = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            frame["params"] = params
+        await self.send_raw(json.dumps(frame))
+
+    async def closed_with(self, timeout: float = 5) -> int | None:
+        """Read until the server closes the socket; returns the close code.
+
+        Text frames met on the way are recorded (commands) or stashed (responses).
+        """
+        while True:
+            output = await self.ws.receive_output(timeout)
+            if output["type"] == "websocket.close":
+                return output.get("code")
+            if output["type"] == "websocket.send" and output.get("text"):
+                frame = json.loads(output["text"])
+                if "method" in frame:
+                    self.commands.append(frame)
+                elif frame.get("id") is not None:
+                    self.stash[frame["id"]] = frame
+                else:
+                    self.stash.setdefault("__null__", []).append(frame)
+
+    async def quiet(self, seconds: float = 0.3) -> list[dict]:
+        """Text frames the server sends within ``seconds``.
+
+        Commands among them are handled as usual (recorded, answered if ``answer_commands``);
+        responses are also stashed. Unlike ``receive_from``, waiting here never cancels the
+        application when nothing arrives.
+        """
+        frames = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while True:
+            if self.ws.future.done():
+                self.ws.future.result()  # surface a crashed consumer
+            if self.ws.output_queue.empty():
+                if loop.time() >= deadline:
+                    return frames
+                await asyncio.sleep(0.01)
+                continue
+            output = self.ws.output_queue.get_nowait()
+            if output["type"] != "websocket.send" or not output.get("text"):
+                frames.append(output)
+                continue
+            frame = json.loads(output["text"])
+            frames.append(frame)
+            if "method" in frame:
+                await self._note_command(frame)
+            elif frame.get("id") is not None:
+                self.stash[frame["id"]] = frame
+
+    def commands_of(self, method: str, **match) -> list[dict]:
+        return [
+            frame
+            for frame in self.commands
+            if frame["method"] == method
+            and all(frame["params"].get(k) == v for k, v in match.items())
+        ]
+
     async def close(self):
         await self.ws.disconnect()
 
@@ -120,6 +210,52 @@ class RpcClient:
         request = {"requestId": request_id, "profile": profile, "message": "do the thing"}
         request.update(req)
         return {"runId": run_id, "extensionId": "ext", "generation": 1, "request": request}
+
+    def start_params(
+        self,
+        run_id="root-1",
+        request_id="req-1",
+        profile="worker",
+        *,
+        lease=None,
+        tool_call=None,
+        **req,
+    ) -> dict:
+        """child_params, with ``lease`` set on both Params and Request, and ``toolCallId``."""
+        params = self.child_params(run_id, request_id, profile, **req)
+        if lease is not None:
+            params["leaseId"] = lease
+            params["request"]["leaseId"] = lease
+        if tool_call is not None:
+            params["toolCallId"] = tool_call
+        if run_id is None:
+            del params["runId"]
+        return params
+
+    async def start(self, run_id="root-1", request_id="req-1", profile="worker", **kw) -> dict:
+        """child.start that must succeed; returns the child's Result."""
+        return await self.ok("child.start", self.start_params(run_id, request_id, profile, **kw))
+
+    async def emit(self, run_id: str, events: list, start: int = 1) -> dict:
+        """run.event that must succeed: ``events`` may be kinds (str) or Event objects."""
+        events = [{"kind": "text", "text": e} if isinstance(e, str) else e for e in events]
+        return await self.ok("run.event", {"runId": run_id, "from": start, "events": events})
+
+    async def finish(self, run_id: str, **fields) -> dict:
+        return await self.ok("run.finish", {"runId": run_id, **fields})
+
+    @staticmethod
+    def on_child(child, run_id="root-1", **fields) -> dict:
+        """Params addressing ``child`` (a Result or a childId) from ``run_id``."""
+        child_id = child["conversationId"] if isinstance(child, dict) else child
+        params = {"extensionId": "ext", "generation": 1, "childId": child_id}
+        if run_id is not None:
+            params["runId"] = run_id
+        params.update(fields)
+        return params
+
+    async def read(self, child, run_id="root-1", **fields) -> dict:
+        return await self.ok("child.read", self.on_child(child, run_id, **fields))
 
 
 DEFAULT_EXTENSION = {
@@ -154,8 +290,12 @@ def runner_token(db):
 
 
 @pytest.fixture
-def make_client():
-    """Open runner connections; each is closed at the end of the test."""
+async def make_client(db):
+    """Open runner connections; each is closed at the end of the test.
+
+    Depends on ``db`` so the sockets close (and their consumers finish) before the database
+    is flushed: a consumer still locking rows would deadlock PostgreSQL's TRUNCATE.
+    """
     opened: list[RpcClient] = []
 
     async def make(token: str | None, depth: str | None = None, register=True, **kw):
@@ -169,10 +309,10 @@ def make_client():
 
     yield make
     for client in opened:
-        try:
-            asyncio.get_event_loop().run_until_complete(client.close())
-        except Exception:
-            pass
+        # A socket the server already closed (fenced, refused) has a finished, maybe
+        # cancelled, application task: nothing left to close.
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await client.close()
 
 
 @pytest.fixture
@@ -183,3 +323,99 @@ async def runner(runner_token, make_client):
 async def create_runner_async(name: str) -> str:
     _runner, token = await database_sync_to_async(services.create_runner)(name)
     return token
+
+
+# --- Stored-state helpers for conformance tests ------------------------------------------
+
+adb = database_sync_to_async
+
+
+def observable_state() -> dict:
+    """Everything a later read could observe, to prove a refused frame changed nothing."""
+    from delegation import models as m
+
+    return {
+        "counts": {
+            model.__name__: model.objects.count()
+            for model in (
+                m.Runner,
+                m.ExtensionPreset,
+                m.Lease,
+                m.Session,
+                m.Run,
+                m.Event,
+                m.SteerReceipt,
+                m.Command,
+                m.AuditEntry,
+            )
+        },
+        "runners": list(
+            m.Runner.objects.order_by("pk").values_list(
+                "name", "connection_generation", "host_instance_id", "workspace", "revoked_at"
+            )
+        ),
+        "presets": sorted(
+            (p.runner_id, p.extension_id, p.generation, p.name, repr(p.options), p.system_prompt)
+            for p in m.ExtensionPreset.objects.all()
+        ),
+        "runs": list(
+            m.Run.objects.order_by("pk").values_list(
+                "run_id",
+                "status",
+                "done",
+                "cancelled",
+                "error",
+                "output",
+                "last_sequence",
+                "emitted",
+                "cancel_requested_at",
+            )
+        ),
+        "leases": list(
+            m.Lease.objects.order_by("pk").values_list("lease_id", "state", "expires_at")
+        ),
+        # Which commands exist; when the runner answers them is its business (the test
+        # client answers asynchronously), so answered_at is left out.
+        "commands": list(m.Command.objects.order_by("pk").values_list("pk", "method")),
+    }
+
+
+async def state() -> dict:
+    return await adb(observable_state)()
+
+
+def _short(value, limit: int = 160) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"...({len(text)} chars)"
+
+
+async def assert_all_refused(client: RpcClient, method: str, cases, code: int) -> None:
+    """Each ``(params, field)`` case must be refused with ``code`` naming ``field`` (if not None)
+    and leave the observable state unchanged. All cases run; every mismatch is reported."""
+    problems = []
+    for params, field in cases:
+        before = await state()
+        frame = await client.call(method, params)
+        error = frame.get("error")
+        if error is None or error.get("code") != code:
+            problems.append(f"{_short(params)} -> {_short(frame, 400)} (wanted {code})")
+        elif field is not None and field not in error.get("message", ""):
+            problems.append(f"{_short(params)} -> message {error.get('message')!r} lacks {field!r}")
+        elif await state() != before:
+            problems.append(f"{_short(params)} -> refused but changed the stored state")
+    assert not problems, "\n".join(problems)
+
+
+async def assert_all_raw_refused(client: RpcClient, texts, code: int) -> None:
+    """Raw frames that must each be answered with ``code`` (whatever id) and change nothing."""
+    problems = []
+    for text in texts:
+        before = await state()
+        await client.send_raw(text)
+        frame = await client.next_response()
+        error = frame.get("error")
+        if error is None or error.get("code") != code:
+            problems.append(f"{_short(text)} -> {_short(frame, 400)} (wanted {code})")
+        elif await state() != before:
+            problems.append(f"{_short(text)} -> refused but changed the stored state")
+    assert not problems, "\n".join(problems)
