@@ -395,6 +395,30 @@ def _run_delta(run_pk: int, after: int, limit: int):
     return run_state(run), [live_event(e) for e in events]
 
 
+# Sockets of one process watching the same run from the same point share one database read:
+# twenty watchers woken by one doorbell cost one query, not twenty. The key holds the highest
+# sequence a doorbell has announced, so a read joined later was started after that commit.
+_heads: dict[int, int] = {}
+_inflight: dict[tuple, asyncio.Future] = {}
+_read_delta = database_sync_to_async(_run_delta, thread_sensitive=False)
+
+
+def _note_head(run_pk, sequence) -> None:
+    if isinstance(run_pk, int) and isinstance(sequence, int):
+        if sequence > _heads.get(run_pk, 0):
+            _heads[run_pk] = sequence
+
+
+async def shared_run_delta(run_pk: int, after: int, limit: int):
+    key = (run_pk, after, limit, _heads.get(run_pk, 0))
+    future = _inflight.get(key)
+    if future is None or future.get_loop() is not asyncio.get_running_loop():
+        future = asyncio.ensure_future(_read_delta(run_pk, after, limit))
+        _inflight[key] = future
+        future.add_done_callback(lambda _done, key=key: _inflight.pop(key, None))
+    return await asyncio.shield(future)
+
+
 def _tree_rows(top_pk: int, only_pks=None, since=None):
     """Rows of the subtree; with ``since``, only runs changed after it (plus ``only_pks``).
 
@@ -718,6 +742,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def run_changed(self, message):
         run_pk, root_pk = message.get("run"), message.get("root")
+        _note_head(run_pk, message.get("sequence"))
         if run_pk in self.runs:
             self.dirty_runs.add(run_pk)
         if any(sub.root_pk == root_pk for sub in self.trees.values()):
@@ -795,7 +820,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def _catch_up_run(self, sub: _RunSub):
         while True:
-            state, events = await database_sync_to_async(_run_delta)(sub.pk, sub.sent, EVENT_PAGE)
+            state, events = await shared_run_delta(sub.pk, sub.sent, EVENT_PAGE)
             if state is None:
                 return
             fresh = []
