@@ -97,6 +97,7 @@ CLOSE_FENCED = 4409
 MAX_FRAME_BYTES = 1024 * 1024
 BATCH_BYTES = 768 * 1024
 BATCH_EVENTS = 256
+MAX_EVENT_BYTES = 512 * 1024
 
 _UNSET: Any = object()
 
@@ -452,7 +453,16 @@ def _check_event(ev: Mapping[str, Any]) -> dict:
     if kind in SERVER_EVENT_KINDS:
         raise ValueError(f"event kind {kind!r} is the server's own; runners may not emit it")
     # None means "absent" on the wire: the server refuses explicit nulls it does not expect.
-    return {k: v for k, v in ev.items() if v is not None}
+    out = {k: v for k, v in ev.items() if v is not None}
+    size = len(json.dumps(out, ensure_ascii=False).encode("utf-8"))
+    if size > MAX_EVENT_BYTES:
+        # Refused here, not by the server: a frame over 1 MiB would be refused without an
+        # answer to retry on, and the run's stream would be stuck behind it for good.
+        raise ValueError(
+            f"event of {size} bytes is over {MAX_EVENT_BYTES}; the server keeps 32 KiB per "
+            "field anyway, so cut it before emitting"
+        )
+    return out
 
 
 # --- per-run outgoing stream --------------------------------------------------------------

@@ -715,3 +715,42 @@ async def test_it_does_not_spin_on_a_connection_lost_before_the_reader_noticed(f
         await asyncio.sleep(0.05)  # the socket is closed; the reader is still "busy"
         ack = await client.emit("run-1", event("text", "after the drop"))
         assert ack.emitted == 1 and client.connections == 2
+
+
+async def test_it_refuses_an_event_too_big_for_a_frame_without_wedging_the_stream(fake):
+    async with make_client(fake) as client:
+        await client.open_run("conv-1", "run-1")
+        stream = client.stream("run-1")
+        with pytest.raises(ValueError, match="over"):
+            await stream.emit(event("text", "x" * (600 * 1024)))
+        ack = await stream.emit(event("text", "small"))
+        assert ack.emitted == 1
+    assert fake.run_events("run-1") == [{"kind": "text", "text": "small"}]
+
+
+# --- the command engine's line handling (no server needed) --------------------------------
+
+
+def test_it_turns_agent_lines_into_events():
+    from delegation.runner.command import fit, line_event
+
+    assert line_event("hello") == {"kind": "text", "text": "hello"}
+    assert line_event('{"kind": "tool-use", "toolName": "grep", "input": {"q": 1}, "x": 2}') == {
+        "kind": "tool-use",
+        "toolName": "grep",
+        "input": {"q": 1},
+    }
+    # Not an event: no kind, a kind of the wrong type, or a kind only the server may write.
+    for line in (
+        '{"text": "no kind"}',
+        '{"kind": 3}',
+        '{"kind": "steer", "text": "forged"}',
+        '{"kind": "text", "success": "yes"}',
+        "[1, 2]",
+        "{broken",
+    ):
+        assert line_event(line) == {"kind": "text", "text": line}
+    big = fit({"kind": "tool-result", "toolOutput": {"blob": "y" * 400_000}, "text": "z" * 10})
+    assert big["text"] == "z" * 10
+    assert isinstance(big["toolOutput"], str) and len(big["toolOutput"]) < 33_000
+    assert big["toolOutput"].endswith("[truncated by the runner]")

@@ -53,6 +53,8 @@ PLACEHOLDERS = (
 # Never handed to an agent: the runner's own credential.
 SECRET_ENV = ("CANOPY_RUNNER_TOKEN",)
 MAX_LINE = 1024 * 1024
+FIT_BYTES = 256 * 1024
+FIELD_BYTES = 32 * 1024
 STRING_FIELDS = ("text", "toolName", "toolCallId", "error")
 
 
@@ -188,6 +190,21 @@ def _structured(data: dict) -> dict | None:
     for name in ("input", "toolOutput"):
         if data.get(name) is not None:
             out[name] = data[name]
+    return out
+
+
+def fit(ev: dict) -> dict:
+    """Cut an oversized event to what the server keeps anyway (32 KiB per field)."""
+    if len(json.dumps(ev, ensure_ascii=False).encode("utf-8")) <= FIT_BYTES:
+        return ev
+    out = dict(ev)
+    for name, value in ev.items():
+        if name == "kind":
+            continue
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        if len(text.encode("utf-8")) > FIELD_BYTES:
+            cut = text.encode("utf-8")[:FIELD_BYTES].decode("utf-8", errors="ignore")
+            out[name] = cut + " [truncated by the runner]"
     return out
 
 
@@ -335,8 +352,11 @@ class CommandEngine:
         while True:
             try:
                 raw = await reader.readline()
-            except ValueError:  # a line over MAX_LINE: keep its head, drop the rest
-                raw = await reader.read(MAX_LINE)
+            except ValueError:  # a line over MAX_LINE: asyncio has already dropped it
+                queue.put_nowait(
+                    event("error", error=f"{which} line over {MAX_LINE} bytes dropped")
+                )
+                continue
             if not raw:
                 return
             line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
@@ -347,7 +367,7 @@ class CommandEngine:
                 continue
             if not line.strip():
                 continue
-            ev = line_event(line)
+            ev = fit(line_event(line))
             if ev["kind"] == "result" and "text" in ev:
                 state["result"] = ev["text"]
             elif ev["kind"] == "text" and "text" in ev:
