@@ -124,7 +124,9 @@ class Command(BaseCommand):
         def on_signal(signum, _frame):
             stop["signal"] = signum
 
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        # SIGHUP too: a closed terminal must not orphan the two processes in their own sessions.
+        stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {sig: signal.signal(sig, on_signal) for sig in stop_signals}
         # Own sessions: a terminal Ctrl-C reaches only this supervisor, which then stops the
         # runner before the server, so running executions end as cancelled, not lost.
         server = subprocess.Popen(server_cmd, cwd=BASE_DIR, env=env, start_new_session=True)
