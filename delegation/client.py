@@ -483,6 +483,7 @@ class RunStream:
         self._pending: list[dict] = []  # events emitted + 1 .. appended
         self._lock = asyncio.Lock()
         self.finished = False
+        self.finishing = False
 
     @property
     def appended(self) -> int:
@@ -494,7 +495,7 @@ class RunStream:
 
     def append(self, *events: Mapping[str, Any]) -> int:
         """Buffer events without sending; returns the runner index of the last one."""
-        if self.finished:
+        if self.finished or self.finishing:
             raise ClientError(f"run {self.run_id} is finished; no more events")
         checked = [_check_event(ev) for ev in events]
         self._pending.extend(checked)
@@ -557,6 +558,7 @@ class RunStream:
     ) -> Any:
         """Flush every buffered event, then end the run."""
         timeout = self.client.call_timeout if timeout is None else timeout
+        self.finishing = True  # events appended from now on would never be sent: refuse them
         await self.flush(timeout=timeout)
         params: dict[str, Any] = {"runId": self.run_id}
         if output is not None:
@@ -625,7 +627,7 @@ class RunnerClient:
         self.url = url
         self.token = token
         self.extensions = list(extensions)
-        self.host_instance_id = host_instance_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.host_instance_id = host_instance_id or f"{socket.gethostname()}-{os.getpid()}"[-128:]
         self.workspace = workspace
         self.depth = depth_mod.from_env() if depth is _UNSET else depth
         if self.depth is not None:
