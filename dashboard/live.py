@@ -358,13 +358,11 @@ def _ms(value) -> int | None:
 
 
 def live_event(event: Event) -> dict:
-    wire = selectors.event_wire(event)
-    wire["truncated"] = event.truncated
-    wire["actor"] = event.actor
-    if event.data is not None:
-        wire["data"] = event.data
-    wire["createdAt"] = _ms(event.created_at)
-    return wire
+    row = {attr: getattr(event, attr) for _alias, attr in selectors.EVENT_FIELDS}
+    row.update(kind=event.kind, truncated=event.truncated)
+    return selectors.live_event_row(
+        event.sequence, row, _ms(event.created_at), event.actor, event.data
+    )
 
 
 def run_state(run: Run) -> dict:
@@ -502,6 +500,8 @@ class _RunSub:
     root_pk: int
     sent: int
     state: tuple | None = None
+    # Events that arrived with doorbells, in arrival order, not yet sent or discarded.
+    carried: list = field(default_factory=list)
 
 
 @dataclass
@@ -744,6 +744,11 @@ class LiveConsumer(AsyncWebsocketConsumer):
         run_pk, root_pk = message.get("run"), message.get("root")
         _note_head(run_pk, message.get("sequence"))
         if run_pk in self.runs:
+            sub = self.runs[run_pk]
+            if message.get("events") and sub.state and message.get("status") == sub.state[0]:
+                sub.carried.append(message["events"])
+            else:
+                sub.carried.append(None)  # something a doorbell cannot carry: read it
             self.dirty_runs.add(run_pk)
         if any(sub.root_pk == root_pk for sub in self.trees.values()):
             self.dirty_tree_runs.setdefault(root_pk, set()).add(run_pk)
@@ -778,7 +783,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
                 await job()
             dirty_runs, self.dirty_runs = self.dirty_runs, set()
             for pk in sorted(dirty_runs):
-                if pk in self.runs:
+                if pk in self.runs and not await self._push_carried(self.runs[pk]):
                     await self._catch_up_run(self.runs[pk])
             dirty_trees, self.dirty_tree_runs = self.dirty_tree_runs, {}
             for root_pk, run_pks in dirty_trees.items():
@@ -817,6 +822,24 @@ class LiveConsumer(AsyncWebsocketConsumer):
                 "trees": {sub.run_id: len(sub.rows) for sub in self.trees.values()},
             }
         )
+
+    async def _push_carried(self, sub: _RunSub) -> bool:
+        """Send events that came with doorbells if they continue exactly where this socket
+        is; False when anything is missing or unknown, and the database must be read."""
+        carried, sub.carried = sub.carried, []
+        if not carried:
+            return False
+        for events in carried:
+            if events is None:
+                return False
+            if events[-1]["sequence"] <= sub.sent:
+                continue  # already sent by an earlier read
+            if events[0]["sequence"] != sub.sent + 1:
+                return False  # a gap: a doorbell was lost or came out of order
+            for batch in _batches(events):
+                await self._send({"type": "events", "runId": sub.run_id, "events": batch})
+                sub.sent = batch[-1]["sequence"]
+        return True
 
     async def _catch_up_run(self, sub: _RunSub):
         while True:

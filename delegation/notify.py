@@ -8,6 +8,7 @@ Group names use primary keys because runIds may hold characters channel names ca
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from contextlib import contextmanager
@@ -80,8 +81,16 @@ def _send(group: str, message: dict) -> None:
         log.warning("doorbell to %s failed", group, exc_info=True)
 
 
-def run_changed(run, *, new_run: bool = False) -> None:
-    """Ring the run's, its tree's and the overview's listeners once this transaction commits."""
+# Events ride along with a ring when they are this small; larger frames are read back.
+MAX_PAYLOAD_CHARS = 16 * 1024
+
+
+def run_changed(run, *, new_run: bool = False, events: list[dict] | None = None) -> None:
+    """Ring the run's, its tree's and the overview's listeners once this transaction commits.
+
+    ``events`` (the live shape of what this transaction appended) lets a listener that is
+    exactly caught up push them without a read; any other listener reads the database.
+    """
     root_pk = run.root_id or run.pk
     message = {
         "type": "run.changed",
@@ -91,9 +100,12 @@ def run_changed(run, *, new_run: bool = False) -> None:
         "status": run.status,
         "new": new_run,
     }
+    run_message = message
+    if events and len(json.dumps(events)) <= MAX_PAYLOAD_CHARS:
+        run_message = {**message, "events": events}
 
     def ring():
-        _send(run_group(run.pk), message)
+        _send(run_group(run.pk), run_message)
         _send(tree_group(root_pk), message)
         if new_run or run.parent_id is None:
             _send(TREES_GROUP, message)

@@ -29,6 +29,21 @@ def event_wire(event: Event) -> dict:
     return wire
 
 
+def live_event_row(sequence: int, row: dict, created_ms: int, actor: str = "", data=None) -> dict:
+    """The live socket's shape of an event (SPEC fields plus who and when), from stored values."""
+    wire = {"sequence": sequence, "kind": row["kind"]}
+    for alias, attr in EVENT_FIELDS:
+        value = row[attr]
+        if value is not None:
+            wire[alias] = value
+    wire["truncated"] = row["truncated"]
+    wire["actor"] = actor
+    if data is not None:
+        wire["data"] = data
+    wire["createdAt"] = created_ms
+    return wire
+
+
 def events_after(run: Run, after: int = 0, limit: int | None = None, kinds=None):
     events = Event.objects.filter(run=run, sequence__gt=after).order_by("sequence")
     if kinds:

@@ -56,7 +56,7 @@ from delegation.models import (
     hash_token,
     new_token,
 )
-from delegation.selectors import RESULT_RELATED, events_after, snapshot
+from delegation.selectors import RESULT_RELATED, events_after, live_event_row, snapshot
 from delegation.wire import (
     MAX_EVENT_FIELD_BYTES,
     MAX_STEER_BYTES,
@@ -497,7 +497,15 @@ def append_events(conn: Connection, raw_params) -> dict:
             run.emitted = next_index
             run.updated_at = now
             run.save(update_fields=fields)
-            notify.run_changed(run)
+            created_ms = int(now.timestamp() * 1000)
+            first_sequence = next_sequence - len(fresh) + 1
+            notify.run_changed(
+                run,
+                events=[
+                    live_event_row(first_sequence + offset, row, created_ms)
+                    for offset, row in enumerate(fresh)
+                ],
+            )
         return {"emitted": run.emitted, "sequence": run.last_sequence}
 
 

@@ -28,6 +28,11 @@ function appendEvents(events) {
   list.append(frag);
   shown += events.length;
   list.dataset.after = String(events[events.length - 1].sequence);
+  // Events pushed with their doorbell arrive without a fresh run frame: keep the count true.
+  const count = document.querySelector("[data-role=event-count]");
+  if (count && Number(count.textContent) < Number(list.dataset.after)) {
+    count.textContent = list.dataset.after;
+  }
   document.querySelector("[data-role=shown-count]").textContent = shown;
   if (follow.checked) list.scrollTop = list.scrollHeight;
 }
