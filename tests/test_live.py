@@ -150,6 +150,31 @@ async def test_it_catches_up_from_the_database_when_every_doorbell_is_lost(
     await ws.disconnect()
 
 
+async def test_it_reads_the_database_when_a_doorbell_with_events_goes_missing(runner, monkeypatch):
+    await runner.open("root-1")
+    ws = await operator_socket()
+    await ws.send_json_to({"type": "subscribe", "runId": "root-1", "after": 0})
+    await until(ws, lambda f: f["type"] == "run")
+    real_ring = notify.ring_collected
+    calls = []
+
+    async def lose_the_second(bells):
+        calls.append(bells)
+        if len(calls) != 2:
+            await real_ring(bells)
+
+    monkeypatch.setattr(notify, "ring_collected", lose_the_second)
+    await emit(runner, "root-1", 1, "a")  # carried: follows sequence 0
+    await emit(runner, "root-1", 2, "b", "c")  # its ring is lost
+    await emit(runner, "root-1", 4, "d")  # carried, but 2-3 are missing: read instead
+    frames = await until(ws, head_reached("root-1", 4))
+    assert len(calls) == 3
+    assert event_sequences(frames, "root-1") == [1, 2, 3, 4]
+    texts = [e["text"] for f in frames if f["type"] == "events" for e in f["events"]]
+    assert texts == ["a", "b", "c", "d"]
+    await ws.disconnect()
+
+
 async def test_it_resumes_after_a_dropped_socket_with_the_last_sequence(runner):
     await runner.open("root-1")
     await emit(runner, "root-1", 1, "a", "b", "c")
