@@ -763,3 +763,27 @@ async def test_it_runs_the_documented_sdk_example(daphne_server, tmp_path):
     assert "child said: found 3 sources" in texts
     child = await sync_to_async(Run.objects.get)(parent=run)
     assert (child.depth, child.status, child.output) == (1, "succeeded", "found 3 sources")
+
+
+async def test_it_finishes_a_scripted_tree_across_a_server_crash(daphne_factory):
+    server = daphne_factory(DELEGATION_MAX_DEPTH=2)
+    token = await new_token("scripted-crash")
+    engine = ScriptedEngine(ScriptedConfig(seed=5, pace=0.1, steps=2, fanout=2, depth=2, poll=0.1))
+    async with RunnerHost(server.ws_url, token, engine, client_options=FAST) as host:
+        root = await host.open_root(engine.root_message("crash"), profile="planner")
+        async with asyncio.timeout(30):
+            while len(await sync_to_async(list)(Run.objects.filter(depth=2))) < 2:
+                await asyncio.sleep(0.1)
+        await asyncio.to_thread(server.restart, True, 0.5)
+        await host.wait(root.run_id, timeout=90)
+        assert host.client.connections == 2
+    runs = await runs_of_root(root.run_id)
+    assert sorted(r.depth for r in runs) == [0, 1, 1, 2, 2, 2, 2]
+    assert all(r.status == RunStatus.SUCCEEDED for r in runs), [
+        (r.depth, r.status, r.error) for r in runs
+    ]
+    for run in runs:
+        events = await stored(run.run_id)
+        indexes = [e["runner_index"] for e in events if e["runner_index"] is not None]
+        assert indexes == list(range(1, len(indexes) + 1))  # every runner event once, in order
+        assert events[-1]["kind"] == "result"
