@@ -223,6 +223,38 @@ def tree_summaries(root_pks) -> dict[int, dict]:
 # costs the same whatever the number of runs; callers page them by primary key (keyset).
 
 
+def rest_tree_rows(runs):
+    """Run rows for a subtree: only the joins a node cannot borrow from its parent.
+
+    parentRunId, parentConversationId and rootRunId are filled in from the rows themselves
+    by the caller, which saves three self-joins on a 10,000-run tree.
+    """
+    from django.db.models import F
+
+    return runs.values(
+        "pk",
+        "depth",
+        "status",
+        "done",
+        "cancelled",
+        "profile",
+        "error",
+        "parent_id",
+        runId=F("run_id"),
+        conversationId=F("session__conversation_id"),
+        runnerId=F("runner__name"),
+        hostInstanceId=F("host_instance_id"),
+        extensionId=F("extension_id"),
+        leaseId=F("lease__lease_id"),
+        lastSequence=F("last_sequence"),
+        refusedSpawns=F("refused_spawns"),
+        cancelRequestedAt=F("cancel_requested_at"),
+        createdAt=F("created_at"),
+        updatedAt=F("updated_at"),
+        finishedAt=F("finished_at"),
+    )
+
+
 def rest_run_rows(runs):
     """Compact run rows for REST lists and trees, joined in the same query."""
     from django.db.models import F
@@ -318,7 +350,7 @@ def rest_subtree(run: Run, levels: int | None = None) -> tuple[list[dict], dict]
     if levels is not None:
         rows_qs = rows_qs.filter(depth__lte=run.depth + levels)
         counts_qs = counts_qs.filter(depth__lte=run.depth + levels + 1)
-    rows = list(rest_run_rows(rows_qs.order_by("depth", "id")))
+    rows = list(rest_tree_rows(rows_qs.order_by("depth", "id")))
     keep = {run.pk}
     branch = []
     for row in rows:
