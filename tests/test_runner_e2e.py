@@ -787,3 +787,18 @@ async def test_it_finishes_a_scripted_tree_across_a_server_crash(daphne_factory)
         indexes = [e["runner_index"] for e in events if e["runner_index"] is not None]
         assert indexes == list(range(1, len(indexes) + 1))  # every runner event once, in order
         assert events[-1]["kind"] == "result"
+
+
+def test_it_accepts_a_demo_password_that_starts_with_a_dash(monkeypatch):
+    import io
+
+    from django.contrib.auth import authenticate
+    from django.core.management import call_command
+
+    from delegation.management.commands import demo
+
+    monkeypatch.setattr(demo.secrets, "token_urlsafe", lambda n: "-starts-with-a-dash")
+    out = io.StringIO()
+    call_command("demo", "--no-serve", stdout=out)
+    assert "-starts-with-a-dash" in out.getvalue()
+    assert authenticate(username="demo", password="-starts-with-a-dash") is not None

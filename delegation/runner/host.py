@@ -196,6 +196,8 @@ class RunnerHost:
         self.revoked_leases: set[str] = set()
         self._background: set[asyncio.Task] = set()
         self._root_counter = 0
+        self.stopping = False
+        self._last_command_at = 0.0
         self.client.on("child.execute", self._on_execute)
         self.client.on("run.cancel", self._on_cancel)
         self.client.on("run.steer", self._on_steer)
@@ -206,8 +208,15 @@ class RunnerHost:
     async def start(self, timeout: float | None = None):
         return await self.client.connect(timeout=timeout)
 
-    async def stop(self, cancel_running: bool = True) -> None:
-        """Stop executions (finishing them cancelled while the server is reachable), close."""
+    async def stop(self, cancel_running: bool = True, drain: float = 2.0) -> None:
+        """Stop executions (finishing them cancelled while the server is reachable), close.
+
+        Finishing a parent makes the server cancel its children, including ones it admitted a
+        moment ago that this host has not started yet; for ``drain`` seconds (while commands
+        keep coming) those are confirmed cancelled too, so a shutdown leaves nothing running.
+        """
+        loop = asyncio.get_running_loop()
+        self.stopping = True
         if cancel_running:
             for ctx in list(self.runs.values()):
                 if not ctx.finished:
@@ -215,6 +224,11 @@ class RunnerHost:
             pending = [t for t in self.tasks.values() if not t.done()]
             if pending:
                 await asyncio.wait(pending, timeout=self.engine.cancel_grace + 3)
+            deadline = loop.time() + drain
+            while loop.time() < deadline and (
+                loop.time() - self._last_command_at < 0.5 or self._background
+            ):
+                await asyncio.sleep(0.05)
         for task in list(self.tasks.values()) + list(self._background):
             task.cancel()
         for task in list(self.tasks.values()) + list(self._background):
@@ -278,12 +292,18 @@ class RunnerHost:
     # -- server commands ---------------------------------------------------------------
 
     async def _on_execute(self, params: dict, client: RunnerClient) -> dict:
+        self._last_command_at = asyncio.get_running_loop().time()
         command = ExecuteCommand.from_wire(params)
         run_id = command.run_id
         if not run_id:
             raise RpcError(codes.INVALID_PARAMS, "identity.runId: required")
         if run_id in self.runs or run_id in self.finished:
             return {}  # a redelivery: this run is already executing (or done)
+        if self.stopping:
+            # Admitted just before its parent was stopped: confirm it cancelled, do not start.
+            self.finished.add(run_id)
+            self._spawn(self._finish(run_id, Outcome(cancelled=True)))
+            return {}
         self.engine.check(command, self)
         ctx = RunContext(
             host=self,
@@ -302,11 +322,13 @@ class RunnerHost:
         return {}
 
     async def _on_cancel(self, params: dict, client: RunnerClient) -> dict:
+        self._last_command_at = asyncio.get_running_loop().time()
         run_id = params.get("runId", "")
         if run_id in self.runs:
             self.cancel(run_id, params.get("reason", ""))
         elif run_id not in self.finished and run_id:
             # Not ours any more (e.g. this process restarted): confirm it as cancelled.
+            self.finished.add(run_id)
             self._spawn(self._finish(run_id, Outcome(cancelled=True)))
         return {}
 

@@ -53,8 +53,7 @@ class Command(BaseCommand):
             opts["username"],
             "--role",
             roles.OPERATOR,
-            "--password",
-            password,
+            f"--password={password}",  # one token: a password may start with "-"
             stdout=io.StringIO(),  # quiet: the password is printed below, once
         )
         _runner, token = services.create_runner(RUNNER_NAME)
