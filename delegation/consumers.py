@@ -46,6 +46,11 @@ HANDLERS = {
     "child.cancel": services.child_cancel,
     "child.steer": services.child_steer,
 }
+# Methods that may queue server-to-runner commands (child.execute, run.cancel of foreground
+# children, run.steer): flush right away instead of waiting for the doorbell or the poll.
+QUEUES_COMMANDS = frozenset(
+    {"child.start", "child.cancel", "child.steer", "run.finish", "tool.end"}
+)
 METHODS = frozenset(HANDLERS) | {"runner.register", "child.lease.release"}
 ENVELOPE_KEYS = frozenset({"jsonrpc", "method", "params", "id"})
 RESPONSE_KEYS = frozenset({"jsonrpc", "result", "error", "id"})
@@ -200,8 +205,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             return
         if has_id:
             await self._send({"jsonrpc": "2.0", "id": rpc_id, "result": result})
-        if method in ("run.open", "child.start", "child.cancel", "child.steer"):
-            # child.start queued a child.execute; cancel and steer queued commands too.
+        if method in QUEUES_COMMANDS:
             await self._flush_outbox()
 
     async def _call(self, function, *args):

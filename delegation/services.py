@@ -290,6 +290,7 @@ def register(conn: Connection, raw_params) -> tuple[dict, int, str]:
         if runner.revoked_at is not None:
             raise RpcError(STALE_CONNECTION, "runner token was revoked")
         previous_channel = runner.channel_name
+        previous_host = runner.host_instance_id
         runner.connection_generation += 1
         runner.channel_name = conn.channel_name
         runner.host_instance_id = params.host_instance_id
@@ -300,6 +301,8 @@ def register(conn: Connection, raw_params) -> tuple[dict, int, str]:
         runner.disconnected_at = None
         runner.lost_at = None
         runner.save()
+        if previous_host and previous_host != params.host_instance_id:
+            _abandon_host_instance(runner, previous_host, params.host_instance_id)
         ExtensionPreset.objects.filter(runner=runner).delete()
         ExtensionPreset.objects.bulk_create(
             ExtensionPreset(
@@ -319,6 +322,26 @@ def register(conn: Connection, raw_params) -> tuple[dict, int, str]:
     result = {"runnerId": runner.name, "connectionGeneration": runner.connection_generation}
     fenced = previous_channel if previous_channel != conn.channel_name else ""
     return result, runner.connection_generation, fenced
+
+
+def _abandon_host_instance(runner: Runner, previous: str, current: str) -> None:
+    """A new host instance means the old process is gone, with the runs it was executing.
+
+    Without this, a runner restarted within the grace period would leave those runs
+    "running" forever: it never counts as lost, and nothing is left to resend.
+    """
+    error = f"{RUNNER_LOST_ERROR}: host instance {previous} was replaced by {current}"
+    pks = list(
+        Run.objects.filter(runner=runner, host_instance_id=previous)
+        .exclude(status__in=TERMINAL_STATUSES)
+        .values_list("pk", flat=True)
+    )
+    for pk in pks:
+        _finish(_lock_run(pk), RunStatus.LOST, error=error)
+    # Their commands would reach a process that never heard of them.
+    Command.objects.filter(run_id__in=pks, answered_at__isnull=True).update(
+        answered_at=_now(), result={"dropped": error}
+    )
 
 
 def runner_disconnected(conn: Connection) -> None:
@@ -994,9 +1017,11 @@ IDENTITY_KEYS = (
 
 def _resumed_session(runner: Runner, parent: Run, params: Params, request: Request) -> Session:
     """Only an earlier child of the same parent chain may be resumed, never any conversation."""
+    # The same host instance too: a child's conversation lives with the process that ran it.
     session = Session.objects.filter(
         conversation_id=request.resume,
         runner=runner,
+        host_instance_id=runner.host_instance_id,
         parent=parent.session,
         extension_id=params.extension_id,
         profile=request.profile,
