@@ -839,3 +839,13 @@ async def test_it_lets_a_child_of_an_unrestricted_parent_choose_freely(runner):
     child = await runner.start(options={"maxTokens": 10**9, "allowedTools": ["anything"]})
     run = await adb(Run.objects.get)(run_id=child["runId"])
     assert run.options["maxTokens"] == 10**9
+
+
+async def test_it_refuses_to_resume_a_child_of_another_runner_host(runner):
+    """SPEC §4: resume only "an earlier child of the same parent chain (same parent session,
+    extension, runner host, profile)"; a new host instance of the runner is another host."""
+    await runner.open("root-1")
+    first = await _finished_child(runner)
+    await runner.register(host="host-2")
+    params = runner.child_params(request_id="req-2", resume=first["conversationId"])
+    await _refused(runner, params, -32003)
