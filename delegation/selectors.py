@@ -223,67 +223,48 @@ def tree_summaries(root_pks) -> dict[int, dict]:
 # costs the same whatever the number of runs; callers page them by primary key (keyset).
 
 
+def _run_row_fields():
+    from django.db.models import F
+
+    return {
+        "runId": F("run_id"),
+        "conversationId": F("session__conversation_id"),
+        "runnerId": F("runner__name"),
+        "hostInstanceId": F("host_instance_id"),
+        "extensionId": F("extension_id"),
+        "leaseId": F("lease__lease_id"),
+        "lastSequence": F("last_sequence"),
+        "refusedSpawns": F("refused_spawns"),
+        "cancelRequestedAt": F("cancel_requested_at"),
+        "createdAt": F("created_at"),
+        "updatedAt": F("updated_at"),
+        "finishedAt": F("finished_at"),
+    }
+
+
+_RUN_ROW_COLUMNS = ("pk", "depth", "status", "done", "cancelled", "profile", "error", "parent_id")
+
+
 def rest_tree_rows(runs):
     """Run rows for a subtree: only the joins a node cannot borrow from its parent.
 
     parentRunId, parentConversationId and rootRunId are filled in from the rows themselves
     by the caller, which saves three self-joins on a 10,000-run tree.
     """
-    from django.db.models import F
-
-    return runs.values(
-        "pk",
-        "depth",
-        "status",
-        "done",
-        "cancelled",
-        "profile",
-        "error",
-        "parent_id",
-        runId=F("run_id"),
-        conversationId=F("session__conversation_id"),
-        runnerId=F("runner__name"),
-        hostInstanceId=F("host_instance_id"),
-        extensionId=F("extension_id"),
-        leaseId=F("lease__lease_id"),
-        lastSequence=F("last_sequence"),
-        refusedSpawns=F("refused_spawns"),
-        cancelRequestedAt=F("cancel_requested_at"),
-        createdAt=F("created_at"),
-        updatedAt=F("updated_at"),
-        finishedAt=F("finished_at"),
-    )
+    return runs.values(*_RUN_ROW_COLUMNS, **_run_row_fields())
 
 
 def rest_run_rows(runs):
-    """Compact run rows for REST lists and trees, joined in the same query."""
+    """Compact run rows for REST lists, joined in the same query."""
     from django.db.models import F
 
     return runs.values(
-        "pk",
-        "depth",
-        "status",
-        "done",
-        "cancelled",
-        "profile",
-        "error",
-        "parent_id",
+        *_RUN_ROW_COLUMNS,
         "root_id",
-        runId=F("run_id"),
-        conversationId=F("session__conversation_id"),
         parentConversationId=F("session__parent__conversation_id"),
         parentRunId=F("parent__run_id"),
         rootRunId=F("root__run_id"),
-        runnerId=F("runner__name"),
-        hostInstanceId=F("host_instance_id"),
-        extensionId=F("extension_id"),
-        leaseId=F("lease__lease_id"),
-        lastSequence=F("last_sequence"),
-        refusedSpawns=F("refused_spawns"),
-        cancelRequestedAt=F("cancel_requested_at"),
-        createdAt=F("created_at"),
-        updatedAt=F("updated_at"),
-        finishedAt=F("finished_at"),
+        **_run_row_fields(),
     )
 
 

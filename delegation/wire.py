@@ -9,11 +9,11 @@ requests credential-free: an ``apiKey`` or ``systemPromptPath`` simply has nowhe
 from __future__ import annotations
 
 import json
-import math
 import posixpath
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -143,27 +143,27 @@ def truncate_utf8(text: str, limit: int) -> tuple[str, bool]:
 # --- Field rules --------------------------------------------------------------------------
 
 
-def valid_id(value: str, field: str = "id") -> str:
+def valid_id(value: str, field: str = "") -> str:
     """ValidID: an opaque identifier that can never be used as a path."""
+    what = f"{field} " if field else ""
     if value == "":
-        raise ValueError(f"{field} must not be empty")
+        raise ValueError(f"{what}must not be empty")
     if value in (".", ".."):
-        raise ValueError(f"{field} must not be '.' or '..'")
+        raise ValueError(f"{what}must not be '.' or '..'")
     if utf8_len(value) > MAX_ID_BYTES:
-        raise ValueError(f"{field} must be at most {MAX_ID_BYTES} bytes of UTF-8")
+        raise ValueError(f"{what}must be at most {MAX_ID_BYTES} bytes of UTF-8")
     for ch in value:
         if ch in "/\\":
-            raise ValueError(f"{field} must not contain '/' or '\\'")
+            raise ValueError(f"{what}must not contain '/' or '\\'")
         if ord(ch) <= 0x20 or ord(ch) == 0x7F:
-            raise ValueError(f"{field} must not contain whitespace or control characters")
+            raise ValueError(f"{what}must not contain whitespace or control characters")
     return value
 
 
-def is_valid_id(value: Any) -> bool:
-    try:
-        return isinstance(value, str) and bool(valid_id(value))
-    except ValueError:
-        return False
+def positive_generation(value: int) -> int:
+    if value <= 0:
+        raise ValueError("must be a positive integer (0 is never a generation)")
+    return value
 
 
 def _not_blank(value: str, what: str = "value") -> str:
@@ -185,7 +185,9 @@ class Strict(BaseModel):
         return self.model_dump(by_alias=True, exclude_unset=True)
 
 
-ValidId = Annotated[str, Field(min_length=1)]
+# The field's name comes from the error's location, so the rules' messages leave it out.
+ValidId = Annotated[str, AfterValidator(valid_id)]
+Generation = Annotated[int, AfterValidator(positive_generation)]
 NonNegative = Annotated[int, Field(ge=0)]
 Positive = Annotated[int, Field(gt=0)]
 
@@ -248,21 +250,9 @@ class Profile(Strict):
 
 
 class Extension(Strict):
-    extension_id: str = Field(alias="extensionId")
-    generation: int
+    extension_id: ValidId = Field(alias="extensionId")
+    generation: Generation
     presets: list[Profile] = Field(default_factory=list)
-
-    @field_validator("extension_id")
-    @classmethod
-    def _ext(cls, value: str) -> str:
-        return valid_id(value, "extensionId")
-
-    @field_validator("generation")
-    @classmethod
-    def _gen(cls, value: int) -> int:
-        if value <= 0:
-            raise ValueError("generation must be a positive integer (0 is never a generation)")
-        return value
 
     @field_validator("presets")
     @classmethod
@@ -286,9 +276,9 @@ class Request(Strict):
     system_prompt: str = Field(default=None, alias="systemPrompt")
     cwd: str = Field(default=None)
     context_mode: Literal["", "fresh", "fork"] = Field(default=None, alias="contextMode")
-    resume: str = Field(default=None)
+    resume: ValidId = Field(default=None)
     options: Options = Field(default=None)
-    lease_id: str = Field(default=None, alias="leaseId")
+    lease_id: ValidId = Field(default=None, alias="leaseId")
 
     @field_validator("request_id")
     @classmethod
@@ -318,16 +308,6 @@ class Request(Strict):
         if "\x00" in value:
             raise ValueError("cwd must not contain NUL")
         return _max_bytes(value, MAX_CWD_BYTES, "cwd")
-
-    @field_validator("resume")
-    @classmethod
-    def _resume(cls, value: str) -> str:
-        return valid_id(value, "resume")
-
-    @field_validator("lease_id")
-    @classmethod
-    def _lease(cls, value: str) -> str:
-        return valid_id(value, "leaseId")
 
     @model_validator(mode="after")
     def _resume_not_fork(self):
@@ -368,22 +348,13 @@ class Event(Strict):
         return _max_bytes(value, MAX_KIND_BYTES, "kind")
 
 
-class Identified(Strict):
-    """Fields every runner-to-server child call shares (SPEC §5 ``Params``)."""
-
-
 # --- Runner -> server params --------------------------------------------------------------
 
 
 class RegisterParams(Strict):
-    host_instance_id: str = Field(alias="hostInstanceId")
+    host_instance_id: ValidId = Field(alias="hostInstanceId")
     extensions: list[Extension] = Field(default_factory=list)
     workspace: str = Field(default=None)
-
-    @field_validator("host_instance_id")
-    @classmethod
-    def _host(cls, value: str) -> str:
-        return valid_id(value, "hostInstanceId")
 
     @field_validator("extensions")
     @classmethod
@@ -402,37 +373,17 @@ class RegisterParams(Strict):
 
 
 class RunOpenParams(Strict):
-    conversation_id: str = Field(alias="conversationId")
-    run_id: str = Field(alias="runId")
+    conversation_id: ValidId = Field(alias="conversationId")
+    run_id: ValidId = Field(alias="runId")
     profile: str = Field(default=None)
-    extension_id: str = Field(default=None, alias="extensionId")
+    extension_id: ValidId = Field(default=None, alias="extensionId")
     meta: dict[str, Any] = Field(default=None, alias="_meta")
-
-    @field_validator("conversation_id")
-    @classmethod
-    def _conv(cls, value: str) -> str:
-        return valid_id(value, "conversationId")
-
-    @field_validator("run_id")
-    @classmethod
-    def _run(cls, value: str) -> str:
-        return valid_id(value, "runId")
-
-    @field_validator("extension_id")
-    @classmethod
-    def _ext(cls, value: str) -> str:
-        return valid_id(value, "extensionId")
 
 
 class RunEventParams(Strict):
-    run_id: str = Field(alias="runId")
+    run_id: ValidId = Field(alias="runId")
     from_: int = Field(alias="from", ge=1)
     events: list[Event]
-
-    @field_validator("run_id")
-    @classmethod
-    def _run(cls, value: str) -> str:
-        return valid_id(value, "runId")
 
 
 class RunFinishParams(Strict):
@@ -453,28 +404,16 @@ class Params(Strict):
     run_id: str = Field(default=None, alias="runId")
     tool_call_id: str = Field(default=None, alias="toolCallId")
     extension_id: str = Field(default=None, alias="extensionId")
-    generation: int = Field(default=None)
+    generation: Generation = Field(default=None)
     # Kept raw here and validated as a Request after the caller's authority is checked,
     # because SPEC §6 orders child.start's checks that way.
     request: dict[str, Any] = Field(default=None)
-    child_id: str = Field(default=None, alias="childId")
-    child_run_id: str = Field(default=None, alias="childRunId")
+    child_id: ValidId = Field(default=None, alias="childId")
+    child_run_id: ValidId = Field(default=None, alias="childRunId")
     message: str = Field(default=None)
     request_id: str = Field(default=None, alias="requestId")
-    lease_id: str = Field(default=None, alias="leaseId")
+    lease_id: ValidId = Field(default=None, alias="leaseId")
     after: NonNegative = Field(default=None)
-
-    @field_validator("generation")
-    @classmethod
-    def _gen(cls, value: int) -> int:
-        if value <= 0:
-            raise ValueError("generation must be a positive integer (0 is never a generation)")
-        return value
-
-    @field_validator("child_id", "child_run_id", "lease_id")
-    @classmethod
-    def _ids(cls, value: str, info) -> str:
-        return valid_id(value, _ALIASES[info.field_name])
 
     def require(self, *names: str) -> None:
         """Each child method needs its own subset of the shared Params fields."""
@@ -484,24 +423,6 @@ class Params(Strict):
 
 
 _ALIASES = {name: (info.alias or name) for name, info in Params.model_fields.items()}
-
-
-class LeaseReleaseParams(Strict):
-    lease_id: str = Field(alias="leaseId")
-    extension_id: str = Field(alias="extensionId")
-    generation: int
-
-    @field_validator("lease_id")
-    @classmethod
-    def _lease(cls, value: str) -> str:
-        return valid_id(value, "leaseId")
-
-    @field_validator("generation")
-    @classmethod
-    def _gen(cls, value: int) -> int:
-        if value <= 0:
-            raise ValueError("generation must be a positive integer (0 is never a generation)")
-        return value
 
 
 # --- Server -> client shapes --------------------------------------------------------------
@@ -592,7 +513,3 @@ def parse_model(model: type[BaseModel], data: Any, prefix: str = "params"):
         return model.model_validate(data, strict=True)
     except ValidationError as exc:
         raise RpcError(INVALID_PARAMS, describe(exc, prefix)) from None
-
-
-def json_size_ok(value: Any) -> bool:
-    return not (isinstance(value, float) and not math.isfinite(value))
