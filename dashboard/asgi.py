@@ -15,6 +15,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
 from dashboard.live import live_application  # noqa: E402
+from delegation import upkeep  # noqa: E402
 from delegation.consumers import RunnerConsumer  # noqa: E402
 
 websocket_routes = [
@@ -24,9 +25,17 @@ websocket_routes = [
     path("ws/live/", live_application()),
 ]
 
-application = ProtocolTypeRouter(
+router = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
         "websocket": URLRouter(websocket_routes),
     }
 )
+
+
+async def application(scope, receive, send):
+    # Lease expiry and runner loss must be swept even when no runner is connected (that is
+    # when a runner is lost): any request or socket starts the sweep in this process.
+    if scope["type"] in ("http", "websocket"):
+        upkeep.ensure_started()
+    return await router(scope, receive, send)
