@@ -843,9 +843,20 @@ async def test_it_lets_a_child_of_an_unrestricted_parent_choose_freely(runner):
 
 async def test_it_refuses_to_resume_a_child_of_another_runner_host(runner):
     """SPEC §4: resume only "an earlier child of the same parent chain (same parent session,
-    extension, runner host, profile)"; a new host instance of the runner is another host."""
+    extension, runner host, profile)"; a new host instance of the runner is another host.
+
+    A new host instance also ends the old one's runs (README), so the parent keeps its
+    authority here through a lease, which outlives the run that took it."""
     await runner.open("root-1")
-    first = await _finished_child(runner)
+    first = await _finished_child(runner, lease="L1")
     await runner.register(host="host-2")
-    params = runner.child_params(request_id="req-2", resume=first["conversationId"])
-    await _refused(runner, params, -32003)
+    params = runner.start_params(request_id="req-2", lease="L1", resume=first["conversationId"])
+    await _refused(runner, params, -32003, field="resume")
+
+
+async def test_it_resumes_on_the_same_host_after_it_registers_again(runner):
+    await runner.open("root-1")
+    first = await _finished_child(runner, lease="L1")
+    await runner.register(host="host-1")
+    resumed = await runner.start(request_id="req-2", lease="L1", resume=first["conversationId"])
+    assert resumed["conversationId"] == first["conversationId"]
