@@ -12,9 +12,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from dashboard.serving import daphne_command
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-DAPHNE = str(Path(sys.executable).with_name("daphne"))
 PG_ADMIN_URL = os.environ.get("BENCH_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/9")
 
@@ -98,7 +99,7 @@ class Server:
         self.port = free_port()
         self.log = open(Path(db.tmp) / f"daphne-{self.port}.log", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [DAPHNE, "-b", "127.0.0.1", "-p", str(self.port), "dashboard.asgi:application"],
+            daphne_command("127.0.0.1", self.port),
             cwd=ROOT,
             env=db.env(**env),
             stdout=self.log,

@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +23,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 from django.conf import settings
+
+from dashboard.serving import daphne_command
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 SQLITE_OPTIONS = "timeout=20&transaction_mode=IMMEDIATE&init_command=" + quote(
@@ -84,9 +85,7 @@ class DaphneServer:
 
     def start(self, timeout: float = 30.0) -> DaphneServer:
         assert self.process is None or self.process.poll() is not None, "already running"
-        daphne = Path(sys.executable).parent / "daphne"
-        command = [str(daphne)] if daphne.exists() else [sys.executable, "-m", "daphne"]
-        command += ["-b", "127.0.0.1", "-p", str(self.port), "dashboard.asgi:application"]
+        command = daphne_command("127.0.0.1", self.port)
         self.process = subprocess.Popen(
             command,
             cwd=BASE_DIR,

@@ -27,6 +27,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from dashboard.serving import daphne_command
 from delegation import roles, services
 
 BASE_DIR = Path(settings.BASE_DIR)
@@ -81,17 +82,7 @@ class Command(BaseCommand):
         if _port_busy(_display_host(host), port):
             self.stderr.write(f"Port {port} is already in use; stop that server or pass --port.")
             return 1
-        bindir = Path(sys.executable).parent
-        daphne = (
-            [str(bindir / "daphne")]
-            if (bindir / "daphne").exists()
-            else [
-                sys.executable,
-                "-m",
-                "daphne",
-            ]
-        )
-        server_cmd = daphne + ["-b", host, "-p", str(port), "dashboard.asgi:application"]
+        server_cmd = daphne_command(host, port)
         seed = opts["seed"] if opts["seed"] is not None else secrets.randbelow(10**6)
         runner_cmd = [
             sys.executable,

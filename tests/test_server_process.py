@@ -1,0 +1,46 @@
+"""The runner socket as served by a real daphne process, not only the ASGI app in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import websockets
+
+from delegation import services
+from tests import live_server
+
+daphne_factory = live_server.daphne_factory
+daphne_server = live_server.daphne_server
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def _call(ws, rpc_id, method, params):
+    await ws.send(json.dumps({"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params}))
+    return json.loads(await asyncio.wait_for(ws.recv(), 10))
+
+
+def test_it_refuses_a_frame_over_1_mib_and_keeps_the_connection_open(daphne_server):
+    _runner, token = services.create_runner("big-frames")
+
+    async def scenario():
+        async with websockets.connect(
+            daphne_server.ws_url,
+            additional_headers={"Authorization": f"Bearer {token}"},
+            max_size=None,
+        ) as ws:
+            registered = await _call(
+                ws, 1, "runner.register", {"hostInstanceId": "h", "extensions": []}
+            )
+            assert registered["result"]["connectionGeneration"] == 1
+            # Daphne's own default would drop this connection without a word.
+            huge = {"conversationId": "c", "runId": "r", "profile": "x" * (2 * 1024 * 1024)}
+            refused = await _call(ws, 2, "run.open", huge)
+            assert refused["error"]["code"] == -32600
+            assert "too large" in refused["error"]["message"]
+            opened = await _call(ws, 3, "run.open", {"conversationId": "c", "runId": "r"})
+            assert opened["result"]["runId"] == "r" and opened["result"]["profile"] == ""
+
+    asyncio.run(scenario())
