@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -73,7 +74,8 @@ log = logging.getLogger(__name__)
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
-EVENT_PAGE = 500
+# Events per catch-up read: each may carry 4 x 32 KiB, so a page stays a few MB at most.
+EVENT_PAGE = 100
 TREE_CHUNK = 1000
 MAX_FRAME_CHARS = 256 * 1024
 MAX_RUN_SUBSCRIPTIONS = 200
@@ -550,6 +552,7 @@ def _bearer(scope) -> str:
 
 class LiveConsumer(AsyncWebsocketConsumer):
     async def connect(self):
+        self.backlogged = False
         self.runs: dict[int, _RunSub] = {}
         self.trees: dict[int, _TreeSub] = {}
         self.roots: dict[int, str] = {}
@@ -773,6 +776,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
                 await self._drain()
             except asyncio.CancelledError:
                 raise
+            except _Backlogged:
+                pass  # the next heartbeat retries
             except Exception:
                 log.exception("live catch-up failed; retrying on the next doorbell or heartbeat")
 
@@ -805,6 +810,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
             self.wake.set()
 
     async def _sweep_and_beat(self):
+        # Re-join every group: a Redis restart forgets memberships, and doorbells with them.
+        for group in list(self.groups_held):
+            await self.channel_layer.group_add(group, self.channel_name)
         for sub in list(self.runs.values()):
             await self._catch_up_run(sub)
         for sub in list(self.trees.values()):
@@ -921,7 +929,30 @@ class LiveConsumer(AsyncWebsocketConsumer):
     # --- frames out --------------------------------------------------------------------------
 
     async def _send(self, frame: dict):
+        backlog = _unsent_bytes(self.base_send)
+        if backlog is not None and backlog > settings.LIVE_MAX_BACKLOG_BYTES:
+            # Nothing pushes back through ASGI: without this, every frame for a client that
+            # stopped reading would pile up in this process. Sending pauses instead (the
+            # position of each subscription stays where it was) and resumes from the
+            # database on a heartbeat once the client has drained its backlog.
+            if not self.backlogged:
+                log.info("live client %s paused: %d bytes unsent", self.channel_name, backlog)
+                self.backlogged = True
+            raise _Backlogged
+        if self.backlogged:
+            self.backlogged = False
+            self._forget_what_was_sent()
         await self.send(text_data=dumps(frame))
+
+    def _forget_what_was_sent(self):
+        """After a pause, resend state snapshots: some were dropped mid-way."""
+        for sub in self.runs.values():
+            sub.state = None
+            sub.carried = []
+        for sub in self.trees.values():
+            sub.rows = dict.fromkeys(sub.rows)  # keep which rows it has; resend them all
+        self.root_state = {}
+        self.runners_state = None
 
     async def _error(self, field_name: str, message: str, code: str = "invalid"):
         await self._send({"type": "error", "code": code, "field": field_name, "message": message})
@@ -942,6 +973,26 @@ def _batches(events: list[dict]):
 
 
 TERMINAL = {str(status) for status in TERMINAL_STATUSES}
+
+
+class _Backlogged(Exception):
+    """The client has not taken what was already sent; send nothing more for now."""
+
+
+def _unsent_bytes(send) -> int | None:
+    """Bytes written to this socket that the client has not taken yet, where daphne lets us
+    see it: its ASGI ``send`` is ``partial(handle_reply, protocol)`` over a Twisted
+    transport. None under any other server (the test communicator), where no check is made.
+    """
+    protocol = send.args[0] if isinstance(send, functools.partial) and send.args else None
+    transport = getattr(protocol, "transport", None)
+    if transport is None or not hasattr(transport, "dataBuffer"):
+        return None
+    return (
+        len(transport.dataBuffer)
+        - getattr(transport, "offset", 0)
+        + getattr(transport, "_tempDataLen", 0)
+    )
 
 
 class LiveGate:

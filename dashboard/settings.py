@@ -152,7 +152,8 @@ REDIS_URL = env_str("REDIS_URL", "")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # Survives Redis outages: doorbells are lost, sockets are not (delegation/layers.py).
+            "BACKEND": "delegation.layers.ResilientRedisChannelLayer",
             "CONFIG": {
                 "hosts": [REDIS_URL],
                 # Live delivery is a doorbell: a dropped message only delays a client until
@@ -181,12 +182,19 @@ CHILD_READ_PAGE = env_int("CHILD_READ_PAGE", 128, minimum=1)
 LEASE_RELEASE_WAIT_SECONDS = env_float("LEASE_RELEASE_WAIT_SECONDS", 5.0, minimum=0)
 # How often the runner consumer resends unanswered commands and sweeps expired leases.
 OUTBOX_RESEND_SECONDS = env_float("OUTBOX_RESEND_SECONDS", 5.0, minimum=0.05)
+# A runner socket silent this long (no touch from its server process, which touches every
+# OUTBOX_RESEND_SECONDS) is treated as closed: its process died without saying so.
+RUNNER_SILENT_SECONDS = env_float(
+    "RUNNER_SILENT_SECONDS", max(15.0, 3 * OUTBOX_RESEND_SECONDS), minimum=OUTBOX_RESEND_SECONDS
+)
 MAINTENANCE_INTERVAL_SECONDS = env_float("MAINTENANCE_INTERVAL_SECONDS", 1.0, minimum=0.05)
 # 0 keeps every event forever; otherwise events of finished runs older than this are purged
 # by `manage.py purge_events`.
 EVENT_RETENTION_DAYS = env_int("EVENT_RETENTION_DAYS", 0, minimum=0)
 UPKEEP_IN_PROCESS = env_bool("UPKEEP_IN_PROCESS", True)
 LIVE_HEARTBEAT_SECONDS = env_float("LIVE_HEARTBEAT_SECONDS", 10.0, minimum=0.05)
+# Unsent bytes a live socket may pile up before the client is closed as too slow (4408).
+LIVE_MAX_BACKLOG_BYTES = env_int("LIVE_MAX_BACKLOG_BYTES", 2 * 1024 * 1024, minimum=65536)
 
 # --- The rest -------------------------------------------------------------------------------
 

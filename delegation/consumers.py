@@ -316,6 +316,9 @@ class RunnerConsumer(AsyncWebsocketConsumer):
                 with contextlib.suppress(Exception):
                     await database_sync_to_async(services.touch_runner)(self.conn)
                     await self._flush_outbox()
+                if self.runner_group:
+                    # A Redis restart forgets group memberships: join again.
+                    await self.channel_layer.group_add(self.runner_group, self.channel_name)
 
     def _spawn(self, coroutine):
         task = asyncio.ensure_future(coroutine)
@@ -325,7 +328,10 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     # --- channel layer messages ---------------------------------------------------------
 
     async def outbox_ring(self, message):
-        await self._flush_outbox()
+        try:
+            await self._flush_outbox()
+        except Exception:  # a dropped database connection: the next ring or poll retries
+            log.warning("outbox flush failed; retrying on the next ring or poll", exc_info=True)
 
     async def runner_fenced(self, message):
         self.fenced = True

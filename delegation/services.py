@@ -14,6 +14,7 @@ exception: a depth refusal commits its ``delegation-refused`` event, then raises
 from __future__ import annotations
 
 import hashlib
+import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -76,6 +77,8 @@ from delegation.wire import (
     utf8_len,
     valid_id,
 )
+
+log = logging.getLogger(__name__)
 
 MAX_STEER_RECEIPTS = 128
 RUNNER_LOST_ERROR = "runner lost"
@@ -1334,6 +1337,7 @@ def sweep(now=None) -> SweepReport:
                 continue
             do_release_lease(system, lease, state=LeaseState.EXPIRED)
             report.expired_leases.append(lease.lease_id)
+    _disconnect_silent_runners()
     grace = timedelta(seconds=settings.RUNNER_GRACE_SECONDS)
     for pk in Runner.objects.filter(
         connected=False, lost_at__isnull=True, disconnected_at__lte=now - grace
@@ -1345,6 +1349,26 @@ def sweep(now=None) -> SweepReport:
             _lose_runner(runner, now)
             report.lost_runners.append(runner.name)
     return report
+
+
+def _disconnect_silent_runners() -> None:
+    """A connection whose server process died never reports its close: every live runner
+    socket touches ``last_seen_at`` each OUTBOX_RESEND_SECONDS, so one silent for several
+    periods is treated as closed then, and the grace period starts from that moment.
+
+    Wall-clock time, not the sweep's ``now``: this is about processes, not about leases.
+    """
+    silent_since = timezone.now() - timedelta(seconds=settings.RUNNER_SILENT_SECONDS)
+    stale = Runner.objects.filter(connected=True, last_seen_at__lt=silent_since)
+    for runner in stale.only("pk", "last_seen_at"):
+        updated = Runner.objects.filter(
+            pk=runner.pk, connected=True, last_seen_at=runner.last_seen_at
+        ).update(connected=False, disconnected_at=runner.last_seen_at, channel_name="")
+        if updated:
+            log.warning(
+                "runner %s silent since %s: treated as disconnected", runner.pk, runner.last_seen_at
+            )
+            notify.runner_changed(runner.pk)
 
 
 def _lose_runner(runner: Runner, now) -> None:

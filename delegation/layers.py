@@ -1,0 +1,56 @@
+"""A Redis channel layer that outlives Redis outages.
+
+The channel layer only rings doorbells; the database is the record. So when Redis is down
+or restarting, a doorbell may be lost (listeners catch up from the database on their own),
+but a socket must not die: channels-redis raises out of ``receive`` and every consumer in
+the process closes with 1011, and a failed ``group_add`` fails the call that made it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from channels_redis.core import RedisChannelLayer
+
+log = logging.getLogger(__name__)
+
+RETRY_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.0)
+
+
+class ResilientRedisChannelLayer(RedisChannelLayer):
+    async def receive(self, channel):
+        attempt = 0
+        while True:
+            try:
+                return await super().receive(channel)
+            except Exception as exc:  # Redis down or restarting: wait, then listen again
+                delay = RETRY_SECONDS[min(attempt, len(RETRY_SECONDS) - 1)]
+                if attempt == 0:
+                    log.warning("channel layer receive failed (%s); retrying", exc)
+                attempt += 1
+                await asyncio.sleep(delay)
+
+    async def send(self, channel, message):
+        try:
+            await super().send(channel, message)
+        except Exception as exc:
+            log.warning("channel layer send to %s lost (%s)", channel, exc)
+
+    async def group_send(self, group, message):
+        try:
+            await super().group_send(group, message)
+        except Exception as exc:
+            log.warning("doorbell to %s lost (%s)", group, exc)
+
+    async def group_add(self, group, channel):
+        try:
+            await super().group_add(group, channel)
+        except Exception as exc:  # consumers re-join their groups periodically
+            log.warning("joining %s failed (%s); will retry", group, exc)
+
+    async def group_discard(self, group, channel):
+        try:
+            await super().group_discard(group, channel)
+        except Exception as exc:  # membership expires on its own
+            log.warning("leaving %s failed (%s)", group, exc)
