@@ -76,6 +76,7 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 # Events per catch-up read: each may carry 4 x 32 KiB, so a page stays a few MB at most.
 EVENT_PAGE = 100
+DRAIN_POLL_SECONDS = 0.05
 TREE_CHUNK = 1000
 MAX_FRAME_CHARS = 256 * 1024
 MAX_RUN_SUBSCRIPTIONS = 200
@@ -777,7 +778,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             except asyncio.CancelledError:
                 raise
             except _Backlogged:
-                pass  # the next heartbeat retries
+                await self._resume_when_drained()
             except Exception:
                 log.exception("live catch-up failed; retrying on the next doorbell or heartbeat")
 
@@ -813,6 +814,17 @@ class LiveConsumer(AsyncWebsocketConsumer):
         # Re-join every group: a Redis restart forgets memberships, and doorbells with them.
         for group in list(self.groups_held):
             await self.channel_layer.group_add(group, self.channel_name)
+        await self._catch_up_all()
+        await self._send(
+            {
+                "type": "heartbeat",
+                "at": int(time.time() * 1000),
+                "runs": {sub.run_id: sub.sent for sub in self.runs.values()},
+                "trees": {sub.run_id: len(sub.rows) for sub in self.trees.values()},
+            }
+        )
+
+    async def _catch_up_all(self):
         for sub in list(self.runs.values()):
             await self._catch_up_run(sub)
         for sub in list(self.trees.values()):
@@ -822,14 +834,16 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self._catch_up_roots(set(self.roots))
         if self.runners:
             await self._catch_up_runners()
-        await self._send(
-            {
-                "type": "heartbeat",
-                "at": int(time.time() * 1000),
-                "runs": {sub.run_id: sub.sent for sub in self.runs.values()},
-                "trees": {sub.run_id: len(sub.rows) for sub in self.trees.values()},
-            }
-        )
+
+    async def _resume_when_drained(self):
+        """A paused socket resumes as soon as its client has taken half of the backlog."""
+        while True:
+            await asyncio.sleep(DRAIN_POLL_SECONDS)
+            backlog = _unsent_bytes(self.base_send)
+            if backlog is None or backlog <= settings.LIVE_MAX_BACKLOG_BYTES // 2:
+                break
+        self.jobs.append(self._catch_up_all)
+        self.wake.set()
 
     async def _push_carried(self, sub: _RunSub) -> bool:
         """Send events that came with doorbells if they continue exactly where this socket
