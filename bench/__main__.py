@@ -411,6 +411,9 @@ STEPS = {
 }
 
 
+DEFAULT_STEPS = ["ingest", "read", "push", "memory", "tree"]
+
+
 def report():
     print(f"\nmachine: {results['machine']}")
     print(f"{'measure':36} {'value':>14}  target")
@@ -420,13 +423,14 @@ def report():
         if target[0]:
             ok = results[key] >= target[1] if target[0] == ">=" else results[key] <= target[1]
             verdict = f"{target[0]} {target[1]}  {'met' if ok else 'MISSED'}"
-        print(f"{key:36} {results[key]:>14}  {verdict}")
+        value = round(results[key], 2) if isinstance(results[key], float) else results[key]
+        print(f"{key:36} {value:>14}  {verdict}")
     for note in notes:
         print(f"note: {note}")
 
 
 def main(argv: list[str]):
-    wanted = argv or list(STEPS)
+    wanted = argv or DEFAULT_STEPS
     results["machine"] = machine()
     for name in wanted:
         print(f"bench: {name} ...", flush=True)
