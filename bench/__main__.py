@@ -79,11 +79,20 @@ INGEST_FRAMES = 100
 INGEST_BATCH = 100
 
 
+INGEST_ROUNDS = 3
+
+
 async def _ingest(url: str, tokens: list[str]) -> float:
+    """The median of INGEST_ROUNDS rounds: a shared 2-core machine is noisy."""
+    rates = [await _ingest_round(url, tokens, round_) for round_ in range(INGEST_ROUNDS)]
+    return statistics.median(rates)
+
+
+async def _ingest_round(url: str, tokens: list[str], round_: int) -> float:
     async def one(index: int, token: str):
         runner = await Runner.connect(url, token)
         await runner.register()
-        run_id = f"ingest-{index}"
+        run_id = f"ingest-{round_}-{index}"
         await runner.call("run.open", {"conversationId": f"c-{run_id}", "runId": run_id})
         events = [{"kind": "text-delta", "text": TEXT} for _ in range(INGEST_BATCH)]
         await ready.wait()
