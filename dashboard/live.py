@@ -68,7 +68,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from delegation import notify, roles, selectors, services
 from delegation.errors import RpcError
 from delegation.models import TERMINAL_STATUSES, Event, Run, Runner
-from delegation.wire import describe, dumps, loads_strict, valid_id
+from delegation.wire import RunSnapshot, describe, dumps, loads_strict, valid_id
 
 log = logging.getLogger(__name__)
 
@@ -239,21 +239,7 @@ class SubscribedFrame(_Out):
     after: int | None = None
 
 
-class RunState(_Out):
-    runner_id: str = Field(alias="runnerId")
-    host_instance_id: str = Field(alias="hostInstanceId")
-    conversation_id: str = Field(alias="conversationId")
-    run_id: str = Field(alias="runId")
-    parent_conversation_id: str = Field(alias="parentConversationId")
-    parent_run_id: str = Field(alias="parentRunId")
-    extension_id: str = Field(alias="extensionId")
-    profile: str
-    done: bool
-    cancelled: bool
-    error: str
-    output: str
-    depth: int
-    status: str
+class RunState(RunSnapshot):
     last_sequence: int = Field(alias="lastSequence")
     created_at: int = Field(alias="createdAt")
     finished_at: int | None = Field(alias="finishedAt")

@@ -428,26 +428,10 @@ _ALIASES = {name: (info.alias or name) for name, info in Params.model_fields.ite
 # --- Server -> client shapes --------------------------------------------------------------
 
 
-class StoredEvent(BaseModel):
-    """An event as readers see it: numbered by the server."""
+class RunSnapshot(BaseModel):
+    """The fields of SPEC §6 ``Result`` but its events: what every run view starts from."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    sequence: int
-    kind: str
-    text: str | None = None
-    tool_name: str | None = Field(default=None, alias="toolName")
-    tool_call_id: str | None = Field(default=None, alias="toolCallId")
-    input: Any = None
-    tool_output: Any = Field(default=None, alias="toolOutput")
-    success: bool | None = None
-    error: str | None = None
-
-
-class Result(BaseModel):
-    """A run's snapshot. Every field is always present (``""``, ``false``, ``[]`` when empty)."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
     runner_id: str = Field(alias="runnerId")
     host_instance_id: str = Field(alias="hostInstanceId")
@@ -461,9 +445,14 @@ class Result(BaseModel):
     cancelled: bool
     error: str
     output: str
-    events: list[dict[str, Any]]
     depth: int
     status: str
+
+
+class Result(RunSnapshot):
+    """A run's snapshot. Every field is always present (``""``, ``false``, ``[]`` when empty)."""
+
+    events: list[dict[str, Any]]
 
 
 # --- Errors -------------------------------------------------------------------------------

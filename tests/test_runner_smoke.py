@@ -1,6 +1,8 @@
 import pytest
 from channels.db import database_sync_to_async
 
+from delegation.wire import Result
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -16,6 +18,9 @@ async def test_it_registers_opens_and_starts_a_child(runner):
         {"runId": child["runId"], "from": 1, "events": [{"kind": "text", "text": "hi"}]},
     )
     assert stored == {"emitted": 1, "sequence": 1}
+    # Every Result field is present with its type, and nothing else (SPEC §6).
+    for snapshot in (root, child):
+        assert Result.model_validate(snapshot).model_dump(by_alias=True) == snapshot
     read = await runner.ok(
         "child.read",
         {
