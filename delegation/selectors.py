@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
-from django.db.models import Count, Q
+from django.db.models import Count, Exists, F, Max, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
+from django.utils import timezone
 
-from delegation.models import TERMINAL_STATUSES, Event, Run
+from delegation.models import (
+    TERMINAL_STATUSES,
+    AuditEntry,
+    Event,
+    ExtensionPreset,
+    Lease,
+    LeaseState,
+    Run,
+    Runner,
+    Session,
+)
 
 RESULT_RELATED = ("session", "session__parent", "runner", "parent")
 
@@ -143,7 +155,6 @@ def tree_rows(top: Run, only_pks=None) -> list[dict]:
     ``only_pks`` just those runs are read (a doorbell names the run that changed); the caller
     decides whether they belong to the subtree. Rows come parents first (depth, then id).
     """
-    from delegation.models import Lease, LeaseState
 
     root_pk = top.root_id or top.pk
     runs = Run.objects.filter(Q(pk=root_pk) | Q(root_id=root_pk))
@@ -197,8 +208,6 @@ def tree_rows(top: Run, only_pks=None) -> list[dict]:
 
 def tree_summaries(root_pks) -> dict[int, dict]:
     """Per root: run counts by status, the deepest depth and the total, in one query."""
-    from django.db.models import Max
-    from django.db.models.functions import Coalesce
 
     root_pks = list(root_pks)
     summaries = {pk: {"counts": {}, "maxDepth": 0, "runs": 0} for pk in root_pks}
@@ -224,7 +233,6 @@ def tree_summaries(root_pks) -> dict[int, dict]:
 
 
 def _run_row_fields():
-    from django.db.models import F
 
     return {
         "runId": F("run_id"),
@@ -256,7 +264,6 @@ def rest_tree_rows(runs):
 
 def rest_run_rows(runs):
     """Compact run rows for REST lists, joined in the same query."""
-    from django.db.models import F
 
     return runs.values(
         *_RUN_ROW_COLUMNS,
@@ -284,7 +291,6 @@ def rest_runs(
     q=None,
 ):
     """Runs matching the REST filters (all optional, combined with AND), as a queryset."""
-    from django.db.models import Exists, OuterRef, Subquery
 
     runs = Run.objects.all()
     if statuses:
@@ -390,9 +396,6 @@ def rest_event_page(run_pks, after: tuple[int, int], size: int) -> list[tuple]:
 def rest_sessions(
     *, runner=None, depth=None, parent=None, profile=None, created_after=None, created_before=None
 ):
-    from django.db.models import F
-
-    from delegation.models import Session
 
     sessions = Session.objects.all()
     if runner is not None:
@@ -421,10 +424,6 @@ def rest_sessions(
 
 
 def rest_leases(*, runner=None, lease_id=None, state=None, parent_run=None, live=None, now=None):
-    from django.db.models import F
-    from django.utils import timezone
-
-    from delegation.models import Lease, LeaseState
 
     leases = Lease.objects.all()
     if runner is not None:
@@ -458,9 +457,6 @@ def rest_leases(*, runner=None, lease_id=None, state=None, parent_run=None, live
 
 
 def rest_runners(*, connected=None, name=None):
-    from django.db.models import F
-
-    from delegation.models import Runner
 
     runners = Runner.objects.all()
     if connected is not None:
@@ -500,9 +496,6 @@ def rest_audit(
     created_after=None,
     created_before=None,
 ):
-    from django.db.models import F
-
-    from delegation.models import AuditEntry
 
     entries = AuditEntry.objects.all()
     if action is not None:
@@ -552,7 +545,6 @@ def rest_session_runs(session_pk: int):
 
 
 def rest_presets(runner_pk: int) -> list:
-    from delegation.models import ExtensionPreset
 
     return list(
         ExtensionPreset.objects.filter(runner_id=runner_pk).order_by("extension_id", "name")
