@@ -297,6 +297,9 @@ class SummaryFrame(_Out):
     max_depth: int = Field(alias="maxDepth")
     runs: int
     status: str
+    profile: str
+    runner_id: str = Field(alias="runnerId")
+    conversation_id: str = Field(alias="conversationId")
 
 
 class NewTreeFrame(_Out):
@@ -439,9 +442,16 @@ def _tree_rows(top_pk: int, only_pks=None, since=None):
 
 def _summaries(root_pks):
     summaries = selectors.tree_summaries(root_pks)
-    statuses = dict(Run.objects.filter(pk__in=list(root_pks)).values_list("pk", "status"))
+    roots = {
+        pk: (status, profile, runner, conversation)
+        for pk, status, profile, runner, conversation in Run.objects.filter(
+            pk__in=list(root_pks)
+        ).values_list("pk", "status", "profile", "runner__name", "session__conversation_id")
+    }
     for pk, summary in summaries.items():
-        summary["status"] = statuses.get(pk, "")
+        status, profile, runner, conversation = roots.get(pk, ("", "", "", ""))
+        # The root's identity too: a tree announced live has only its runId on the page.
+        summary.update(status=status, profile=profile, runnerId=runner, conversationId=conversation)
     return summaries
 
 

@@ -314,6 +314,8 @@ async def test_it_sends_overview_summaries_and_announces_new_trees(runner):
     await ws.send_json_to({"type": "subscribe", "roots": ["root-1"], "newTrees": True})
     first = (await until(ws, lambda f: f["type"] == "summary"))[-1]
     assert first["treeId"] == "root-1" and first["runs"] == 1 and first["maxDepth"] == 0
+    # A tree announced live shows its identity from the summary alone.
+    assert first["runnerId"] == "runner-a" and first["conversationId"] == "conv-root-1"
     await runner.ok("child.start", runner.child_params())
     summary = (await until(ws, lambda f: f["type"] == "summary" and f["runs"] == 2))[-1]
     assert summary["counts"] == {"running": 2} and summary["maxDepth"] == 1

@@ -26,7 +26,7 @@ function newRow(treeId) {
   const tr = el(
     "tr",
     { "data-run-id": treeId, "data-tree-id": treeId, "data-status": "running", class: "fresh" },
-    el("td", {}, link),
+    el("td", {}, link, el("div", { class: "sub mono", "data-role": "conversation" })),
     el("td", {}, el("span", { class: "chip chip-running", "data-role": "status" }, "running")),
     el("td", { "data-role": "profile" }, "—"),
     el("td", { class: "mono", "data-role": "runner" }, ""),
@@ -47,6 +47,10 @@ function applySummary(frame) {
   const chip = tr.querySelector("[data-role=status]");
   chip.className = `chip chip-${frame.status}`;
   chip.textContent = frame.status;
+  tr.querySelector("[data-role=profile]").textContent = frame.profile || "—";
+  tr.querySelector("[data-role=runner]").textContent = frame.runnerId;
+  const sub = tr.querySelector("[data-role=conversation]");
+  if (sub) sub.textContent = frame.conversationId;
   tr.querySelector("[data-role=depth]").textContent = frame.maxDepth;
   tr.querySelector("[data-role=total]").textContent = frame.runs;
   tr.querySelector("[data-role=counts]").replaceChildren(
