@@ -366,18 +366,7 @@ def rest_subtree_ids(run: Run) -> dict[int, str]:
     return keep
 
 
-EXPORT_EVENT_COLUMNS = (
-    "run_id",
-    "sequence",
-    "kind",
-    "text",
-    "tool_name",
-    "tool_call_id",
-    "input",
-    "tool_output",
-    "success",
-    "error",
-)
+EXPORT_EVENT_COLUMNS = ("run_id", "sequence", "kind", *(attr for _alias, attr in EVENT_FIELDS))
 
 
 def rest_event_page(run_pks, after: tuple[int, int], size: int) -> list[tuple]:

@@ -57,7 +57,13 @@ from delegation.models import (
     hash_token,
     new_token,
 )
-from delegation.selectors import RESULT_RELATED, events_after, live_event_row, snapshot
+from delegation.selectors import (
+    EVENT_FIELDS,
+    RESULT_RELATED,
+    events_after,
+    live_event_row,
+    snapshot,
+)
 from delegation.wire import (
     MAX_EVENT_FIELD_BYTES,
     MAX_STEER_BYTES,
@@ -448,16 +454,8 @@ def _normalise_event(event) -> dict:
     return row
 
 
-_COMPARED = (
-    "kind",
-    "text",
-    "tool_name",
-    "tool_call_id",
-    "input",
-    "tool_output",
-    "success",
-    "error",
-)
+# A replay must repeat every field an event carries on the wire.
+_COMPARED = ("kind", *(attr for _alias, attr in EVENT_FIELDS))
 
 
 def _same_event(row: dict, stored: Event) -> bool:

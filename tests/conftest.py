@@ -23,6 +23,28 @@ def pytest_configure(config):
     settings.DATABASES["default"]["CONN_MAX_AGE"] = 0
 
 
+# SPEC §6 Result, written out from the SPEC rather than taken from the code under test.
+RESULT_KEYS = frozenset(
+    {
+        "runnerId",
+        "hostInstanceId",
+        "conversationId",
+        "runId",
+        "parentConversationId",
+        "parentRunId",
+        "extensionId",
+        "profile",
+        "done",
+        "cancelled",
+        "error",
+        "output",
+        "events",
+        "depth",
+        "status",
+    }
+)
+
+
 class RpcClient:
     """A runner speaking JSON-RPC over a real WebSocket into the ASGI application."""
 

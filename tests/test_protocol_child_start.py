@@ -4,28 +4,18 @@ caps, resume, fork, cwd confinement and options narrowing, through real frames."
 import pytest
 
 from delegation.models import Command, Run, Session
-from tests.conftest import DEFAULT_EXTENSION, adb, assert_all_refused, create_runner_async, state
+from tests.conftest import (
+    DEFAULT_EXTENSION,
+    RESULT_KEYS,
+    adb,
+    assert_all_refused,
+    create_runner_async,
+    state,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 KIB = 1024
-RESULT_KEYS = {
-    "runnerId",
-    "hostInstanceId",
-    "conversationId",
-    "runId",
-    "parentConversationId",
-    "parentRunId",
-    "extensionId",
-    "profile",
-    "done",
-    "cancelled",
-    "error",
-    "output",
-    "events",
-    "depth",
-    "status",
-}
 IDENTITY_KEYS = RESULT_KEYS - {"done", "cancelled", "error", "output", "events", "depth", "status"}
 
 

@@ -6,29 +6,12 @@ Also run.open's Result (SPEC §6 Result: every field always present).
 import pytest
 
 from delegation.models import Command, Event, Run, Session
-from tests.conftest import adb, state
+from tests.conftest import RESULT_KEYS, adb, state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 META = "pando:delegationDepth"
 MAX = 9223372036854775807
-RESULT_KEYS = {
-    "runnerId",
-    "hostInstanceId",
-    "conversationId",
-    "runId",
-    "parentConversationId",
-    "parentRunId",
-    "extensionId",
-    "profile",
-    "done",
-    "cancelled",
-    "error",
-    "output",
-    "events",
-    "depth",
-    "status",
-}
 
 
 def refusal(level: int, max_depth: int) -> str:
