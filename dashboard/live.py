@@ -68,12 +68,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from delegation import notify, roles, selectors, services
 from delegation.errors import RpcError
 from delegation.models import TERMINAL_STATUSES, Event, Run, Runner
+from delegation.protocol import CLOSE_FORBIDDEN, CLOSE_UNAUTHORIZED, bearer_token
 from delegation.wire import RunSnapshot, describe, dumps, loads_strict, valid_id
 
 log = logging.getLogger(__name__)
 
-CLOSE_UNAUTHENTICATED = 4401
-CLOSE_FORBIDDEN = 4403
 # Events per catch-up read: each may carry 4 x 32 KiB, so a page stays a few MB at most.
 EVENT_PAGE = 100
 DRAIN_POLL_SECONDS = 0.05
@@ -539,14 +538,6 @@ def _run_fingerprint(state: dict) -> tuple:
     )
 
 
-def _bearer(scope) -> str:
-    for key, value in scope.get("headers", []):
-        if key.lower() == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            return token.strip() if scheme.lower() == "bearer" else ""
-    return ""
-
-
 class LiveConsumer(AsyncWebsocketConsumer):
     async def connect(self):
         self.backlogged = False
@@ -566,11 +557,11 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.full_sweep = False
         self.wake = asyncio.Event()
         self.tasks: list[asyncio.Task] = []
-        token = _bearer(self.scope)
+        token = bearer_token(self.scope.get("headers", []))
         user, role = await database_sync_to_async(_authorise)(self.scope.get("user"), token)
         await self.accept()
         if user is None:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+            await self.close(code=CLOSE_UNAUTHORIZED)
             return
         if role is None:
             await self.close(code=CLOSE_FORBIDDEN)
@@ -1019,7 +1010,7 @@ class LiveGate:
         self.inner = inner
 
     async def __call__(self, scope, receive, send):
-        if not _bearer(scope):
+        if not bearer_token(scope.get("headers", [])):
             return await self.browser(scope, receive, send)
         scope = dict(scope, user=None)
         if any(key.lower() == b"origin" for key, _ in scope.get("headers", [])):

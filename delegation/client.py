@@ -51,6 +51,12 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 from delegation import depth as depth_mod
 from delegation import errors as codes
 from delegation.errors import RpcError
+from delegation.protocol import (
+    CLOSE_FENCED,
+    CLOSE_UNAUTHORIZED,
+    MAX_FRAME_BYTES,
+    SERVER_EVENT_KINDS,
+)
 
 __all__ = [
     "AdmissionRefused",
@@ -87,14 +93,8 @@ __all__ = [
 
 log = logging.getLogger("canopy.client")
 
-SERVER_EVENT_KINDS = frozenset(
-    {"steer", "cancel-requested", "lease-released", "delegation-refused"}
-)
 EVENT_FIELDS = ("kind", "text", "toolName", "toolCallId", "input", "toolOutput", "success", "error")
-CLOSE_UNAUTHORIZED = 4401
-CLOSE_FENCED = 4409
-# The server refuses frames over 1 MiB; stay well below it when batching events.
-MAX_FRAME_BYTES = 1024 * 1024
+# The server refuses frames over MAX_FRAME_BYTES; stay well below it when batching events.
 BATCH_BYTES = 768 * 1024
 BATCH_EVENTS = 256
 MAX_EVENT_BYTES = 512 * 1024

@@ -28,12 +28,11 @@ from delegation.errors import (
     STALE_CONNECTION,
     RpcError,
 )
-from delegation.wire import MAX_FRAME_BYTES, dumps, loads_strict, refuse_nul
+from delegation.protocol import CLOSE_FENCED, CLOSE_UNAUTHORIZED, MAX_FRAME_BYTES, bearer_token
+from delegation.wire import dumps, loads_strict, refuse_nul
 
 log = logging.getLogger(__name__)
 
-CLOSE_UNAUTHORIZED = 4401
-CLOSE_FENCED = 4409
 
 # method -> service function taking (connection, params) and returning the JSON result.
 HANDLERS = {
@@ -64,12 +63,6 @@ def _header(scope, name: str) -> str | None:
     return None
 
 
-def _bearer(scope) -> str:
-    value = _header(scope, "authorization") or ""
-    scheme, _, token = value.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else ""
-
-
 def _collecting(function, *args):
     # A refusal may follow a commit (a depth refusal stores its event), so its doorbells
     # are returned alongside the error rather than lost with it.
@@ -92,7 +85,9 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         self.fenced = False
         self.outbox_lock = asyncio.Lock()
         self.background: set[asyncio.Task] = set()
-        runner = await database_sync_to_async(services.authenticate_runner)(_bearer(self.scope))
+        runner = await database_sync_to_async(services.authenticate_runner)(
+            bearer_token(self.scope.get("headers", []))
+        )
         await self.accept()
         if runner is None:
             await self.close(code=CLOSE_UNAUTHORIZED)

@@ -57,6 +57,7 @@ from delegation.models import (
     hash_token,
     new_token,
 )
+from delegation.protocol import MAX_STEER_BYTES, SERVER_EVENT_KINDS
 from delegation.selectors import (
     EVENT_FIELDS,
     RESULT_RELATED,
@@ -66,9 +67,7 @@ from delegation.selectors import (
 )
 from delegation.wire import (
     MAX_EVENT_FIELD_BYTES,
-    MAX_STEER_BYTES,
     REASONING_EFFORTS,
-    SERVER_EVENT_KINDS,
     Params,
     RegisterParams,
     Request,

@@ -23,22 +23,17 @@ from pydantic import (
 )
 
 from delegation.errors import INVALID_PARAMS, PARSE_ERROR, RpcError
+from delegation.protocol import KIB
 
-KIB = 1024
-MAX_FRAME_BYTES = 1024 * KIB
 MAX_ID_BYTES = 128
 MAX_MESSAGE_BYTES = 512 * KIB
 MAX_SYSTEM_PROMPT_BYTES = 256 * KIB
 MAX_CWD_BYTES = 8 * KIB
-MAX_STEER_BYTES = 10_000
 MAX_PRESETS_PER_EXTENSION = 32
 MAX_EVENT_FIELD_BYTES = 32 * KIB
 MAX_KIND_BYTES = 64
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
-SERVER_EVENT_KINDS = frozenset(
-    {"steer", "cancel-requested", "lease-released", "delegation-refused"}
-)
 
 
 # --- Strict JSON --------------------------------------------------------------------------

@@ -224,7 +224,7 @@ async def test_it_checks_session_origin_role_and_bearer_tokens():
     # Not signed in: accepted, then closed with 4401.
     ws = live_socket([ORIGIN])
     assert (await ws.connect(timeout=10))[0]
-    assert (await ws.receive_output(timeout=5))["code"] == livemod.CLOSE_UNAUTHENTICATED
+    assert (await ws.receive_output(timeout=5))["code"] == livemod.CLOSE_UNAUTHORIZED
     # A session from another origin (a cross-site hijack) is refused at the handshake.
     cookie = await database_sync_to_async(_session_cookie)("olga", "operator")
     ws = live_socket([(b"origin", b"http://evil.example"), (b"cookie", cookie)])
@@ -246,7 +246,7 @@ async def test_it_checks_session_origin_role_and_bearer_tokens():
     await ws.disconnect()
     ws = live_socket([(b"authorization", b"Bearer cna_wrong")])
     assert (await ws.connect(timeout=10))[0]
-    assert (await ws.receive_output(timeout=5))["code"] == livemod.CLOSE_UNAUTHENTICATED
+    assert (await ws.receive_output(timeout=5))["code"] == livemod.CLOSE_UNAUTHORIZED
 
 
 async def test_it_streams_a_tree_as_it_grows_and_changes(runner):

@@ -17,7 +17,8 @@ from ninja import Schema
 from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator
 
 from delegation.models import LeaseState, RunStatus
-from delegation.wire import MAX_STEER_BYTES, Strict, utf8_len
+from delegation.protocol import MAX_STEER_BYTES
+from delegation.wire import Strict, utf8_len
 
 BIGINT_MAX = 2**63 - 1
 

@@ -35,7 +35,8 @@ from typing import Any
 
 from delegation import depth as depthlib
 from delegation import errors as codes
-from delegation.client import SERVER_EVENT_KINDS, Preset, RpcError, event
+from delegation.client import Preset, RpcError, event
+from delegation.protocol import SERVER_EVENT_KINDS
 from delegation.runner.host import Outcome, RunContext
 
 log = logging.getLogger("canopy.runner.command")
