@@ -156,6 +156,26 @@ class Session(models.Model):
         return self.conversation_id
 
 
+class RunQuerySet(models.QuerySet):
+    """The recurring questions about runs, each written once."""
+
+    def in_tree(self, root):
+        """Every run of the tree whose top is ``root`` (a root run, its pk, or an expression
+        giving that pk): the root itself and every run below it, through the denormalised
+        ``root`` column so both arms of the OR are index lookups."""
+        root_pk = root.pk if isinstance(root, Run) else root
+        return self.filter(models.Q(pk=root_pk) | models.Q(root_id=root_pk))
+
+    def in_trees(self, root_pks):
+        """Every run of any of the trees topped by ``root_pks``."""
+        root_pks = list(root_pks)
+        return self.filter(models.Q(pk__in=root_pks) | models.Q(root_id__in=root_pks))
+
+    def live(self):
+        """Runs not yet in a terminal status."""
+        return self.exclude(status__in=TERMINAL_STATUSES)
+
+
 class Run(models.Model):
     """One execution within a session. A resume creates a new run in the same session."""
 
@@ -203,6 +223,8 @@ class Run(models.Model):
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     updated_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = RunQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -41,7 +41,6 @@ from delegation.errors import (
     RpcError,
 )
 from delegation.models import (
-    TERMINAL_STATUSES,
     ApiToken,
     AuditEntry,
     Command,
@@ -341,7 +340,7 @@ def _abandon_host_instance(runner: Runner, previous: str, current: str) -> None:
     error = f"{RUNNER_LOST_ERROR}: host instance {previous} was replaced by {current}"
     pks = list(
         Run.objects.filter(runner=runner, host_instance_id=previous)
-        .exclude(status__in=TERMINAL_STATUSES)
+        .live()
         .values_list("pk", flat=True)
     )
     for pk in pks:
@@ -666,7 +665,7 @@ def _cancel_foreground_children(run: Run, children, reason: str) -> list[str]:
     """Foreground children (no lease) do not outlive the run or tool call that started them."""
     actor = Actor(label=f"runner:{run.runner.name}", via=AuditEntry.Via.SYSTEM)
     stopped = []
-    for child in children.filter(lease__isnull=True).exclude(status__in=TERMINAL_STATUSES):
+    for child in children.filter(lease__isnull=True).live():
         _request_cancel(actor, child, reason)
         stopped.append(child.run_id)
     return stopped
@@ -924,7 +923,7 @@ def _child_start_locked(conn: Connection, params: Params):
             f"admission refused: at most {settings.DELEGATION_MAX_CHILDREN} children per parent "
             "run or lease",
         )
-    running = Run.objects.filter(parent=parent).exclude(status__in=TERMINAL_STATUSES).count()
+    running = Run.objects.filter(parent=parent).live().count()
     if running >= settings.DELEGATION_MAX_CONCURRENT:
         raise RpcError(
             ADMISSION_REFUSED,
@@ -1032,7 +1031,7 @@ def _resumed_session(runner: Runner, parent: Run, params: Params, request: Reque
             f"request.resume: {request.resume!r} is not an earlier child of this parent with "
             f"profile {request.profile!r}",
         )
-    if session.runs.exclude(status__in=TERMINAL_STATUSES).exists():
+    if session.runs.live().exists():
         raise RpcError(
             ADMISSION_REFUSED,
             f"admission refused: child {request.resume!r} still has a run in progress",
@@ -1100,11 +1099,7 @@ def child_lease_release(conn: Connection, raw_params) -> tuple[int, list[str]]:
 
 
 def lease_pending(lease_pk: int) -> list[str]:
-    return list(
-        Run.objects.filter(lease_id=lease_pk)
-        .exclude(status__in=TERMINAL_STATUSES)
-        .values_list("run_id", flat=True)
-    )
+    return list(Run.objects.filter(lease_id=lease_pk).live().values_list("run_id", flat=True))
 
 
 # --- Operator actions: one code path for runner, dashboard, admin and REST -----------------
@@ -1250,7 +1245,7 @@ def do_release_lease(actor: Actor, lease: Lease, *, state: str = LeaseState.RELE
             if actor.runner_pk != lease.runner_id:
                 _enqueue(lease.runner_id, Command.Method.LEASE_REVOKED, {"leaseId": lease.lease_id})
         reason = f"lease {lease.lease_id} {lease.state}"
-        for child in Run.objects.filter(lease=lease).exclude(status__in=TERMINAL_STATUSES):
+        for child in Run.objects.filter(lease=lease).live():
             _request_cancel(actor, child, reason)
         pending = lease_pending(lease.pk)
         _audit(
@@ -1374,11 +1369,7 @@ def _lose_runner(runner: Runner, now) -> None:
     runner.save(update_fields=["lost_at"])
     for lease in Lease.objects.filter(runner=runner, state=LeaseState.ACTIVE):
         do_release_lease(lost, lease, state=LeaseState.REVOKED)
-    for pk in (
-        Run.objects.filter(runner=runner)
-        .exclude(status__in=TERMINAL_STATUSES)
-        .values_list("pk", flat=True)
-    ):
+    for pk in Run.objects.filter(runner=runner).live().values_list("pk", flat=True):
         run = _lock_run(pk)
         _finish(run, RunStatus.LOST, error=RUNNER_LOST_ERROR)
     _audit(lost, "runner-lost", "runner", runner.name, "lost")
