@@ -111,7 +111,7 @@ def test_it_exports_a_subtree_naming_each_run(as_, world):
 @pytest.mark.django_db
 def test_it_pages_exports_across_runs_and_page_boundaries(world):
     emit(world.conn, world.child["runId"], [f"c{i}" for i in range(5)], start=3)
-    ids = selectors.rest_subtree_ids(Run.objects.get(run_id="root-1"))
+    ids = selectors.subtree_run_ids(Run.objects.get(run_id="root-1"))
     small = b"".join(export.iter_ndjson(ids, page_size=3)).decode().splitlines()
     large = b"".join(export.iter_ndjson(ids, page_size=1000)).decode().splitlines()
     assert small == large and len(large) == 4 + 7
@@ -134,14 +134,14 @@ async def test_it_streams_through_the_production_asgi_application(monkeypatch):
     token = await sync_to_async(setup)()
     monkeypatch.setattr(export, "PAGE_SIZE", 100)
     pages_read = []
-    real_page = selectors.rest_event_page
+    real_page = selectors.event_export_page
 
     def counting_page(*args):
         rows = real_page(*args)
         pages_read.append(len(rows))
         return rows
 
-    monkeypatch.setattr(selectors, "rest_event_page", counting_page)
+    monkeypatch.setattr(selectors, "event_export_page", counting_page)
     scope = {
         "type": "http",
         "http_version": "1.1",

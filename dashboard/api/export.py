@@ -4,7 +4,7 @@ Django serves a ``StreamingHttpResponse`` with a *synchronous* iterator under AS
 collecting the whole iterator into a list (``sync_to_async(list)``) - the whole export would
 sit in memory. So the response gets an asynchronous iterator under ASGI (daphne, the
 production server) and a synchronous one under WSGI (the test client, other servers); both
-read the same keyset pages through ``selectors.rest_event_page``.
+read the same keyset pages through ``selectors.event_export_page``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def iter_ndjson(run_ids: dict[int, str], page_size: int = PAGE_SIZE):
     for chunk in _chunks(run_ids):
         after = (0, 0)
         while True:
-            rows = selectors.rest_event_page(chunk, after, page_size)
+            rows = selectors.event_export_page(chunk, after, page_size)
             if not rows:
                 break
             yield "".join(_line(run_ids, row) for row in rows).encode("utf-8")
@@ -61,7 +61,7 @@ def iter_ndjson(run_ids: dict[int, str], page_size: int = PAGE_SIZE):
 
 async def aiter_ndjson(run_ids: dict[int, str], page_size: int = PAGE_SIZE):
     """The same stream for ASGI: each page is read in the database thread, then sent."""
-    fetch = sync_to_async(selectors.rest_event_page)
+    fetch = sync_to_async(selectors.event_export_page)
     for chunk in _chunks(run_ids):
         after = (0, 0)
         while True:

@@ -60,7 +60,7 @@ def session_item(row: dict) -> dict:
 def list_sessions(request, filters: Query[SessionFilters]):
     if has_nul(filters.runner, filters.parent, filters.profile):
         return {"items": [], "next": None}
-    rows = selectors.rest_sessions(
+    rows = selectors.sessions_matching(
         runner=filters.runner,
         depth=filters.depth,
         parent=filters.parent,
@@ -83,11 +83,11 @@ def list_sessions(request, filters: Query[SessionFilters]):
 def get_session(request, conversationId: str):  # noqa: N803
     row = None
     if not has_nul(conversationId):
-        row = selectors.rest_sessions().filter(conversation_id=conversationId).first()
+        row = selectors.sessions_matching().filter(conversation_id=conversationId).first()
     if row is None:
         raise Http404(f"conversationId: no session {conversationId!r}")
     item = session_item(row)
-    item["runs"] = [run_item(r) for r in selectors.rest_session_runs(row["pk"])]
+    item["runs"] = [run_item(r) for r in selectors.runs_of_session(row["pk"])]
     return item
 
 
@@ -131,7 +131,7 @@ def list_leases(request, filters: Query[LeaseFilters]):
     if has_nul(filters.runner, filters.lease_id, filters.parent_run):
         return {"items": [], "next": None}
     now = timezone.now()
-    rows = selectors.rest_leases(
+    rows = selectors.leases_matching(
         runner=filters.runner,
         lease_id=filters.lease_id,
         state=filters.state,
@@ -145,7 +145,7 @@ def list_leases(request, filters: Query[LeaseFilters]):
 
 
 def find_lease_row(lease_pk: int) -> dict:
-    row = selectors.rest_leases().filter(pk=lease_pk).first()
+    row = selectors.leases_matching().filter(pk=lease_pk).first()
     if row is None:
         raise Http404(f"id: no lease {lease_pk}")
     return row
@@ -213,7 +213,7 @@ def runner_item(row: dict) -> dict:
 )
 @strict_query(RunnerFilters)
 def list_runners(request, filters: Query[RunnerFilters]):
-    rows = selectors.rest_runners(connected=filters.connected)
+    rows = selectors.runners_matching(connected=filters.connected)
     page = keyset_page(rows, "n", filters.cursor, filters.limit, descending=False)
     page["items"] = [runner_item(row) for row in page["items"]]
     return page
@@ -227,7 +227,7 @@ def list_runners(request, filters: Query[RunnerFilters]):
 )
 @strict_query(NoParams)
 def get_runner(request, runnerId: str):  # noqa: N803
-    row = None if has_nul(runnerId) else selectors.rest_runners(name=runnerId).first()
+    row = None if has_nul(runnerId) else selectors.runners_matching(name=runnerId).first()
     if row is None:
         raise Http404(f"runnerId: no runner {runnerId!r}")
     item = runner_item(row)
@@ -239,9 +239,9 @@ def get_runner(request, runnerId: str):  # noqa: N803
             "options": preset.options or {},
             "systemPrompt": preset.system_prompt,
         }
-        for preset in selectors.rest_presets(row["pk"])
+        for preset in selectors.presets_of_runner(row["pk"])
     ]
-    item["runCounts"] = counts_out(selectors.rest_runner_counts(row["pk"]))
+    item["runCounts"] = counts_out(selectors.run_counts_of_runner(row["pk"]))
     return item
 
 
@@ -250,12 +250,17 @@ def get_runner(request, runnerId: str):  # noqa: N803
 
 class AuditFilters(Schema):
     action: str = Field(default=None, description="cancel, cancel-subtree, steer, release, ...")
-    actor: str = Field(default=None, description='e.g. "user:alice", "runner:ci-1"')
+    actor: str = Field(
+        default=None,
+        description='Case-insensitive substring of the actor label, e.g. "alice" for "user:alice"',
+    )
     user: str = Field(default=None, description="Username")
     via: AuditEntry.Via = None
     target_type: str = Field(default=None, description="run, lease or runner")
     target_id: str = Field(default=None, description="runId, leaseId or runnerId")
-    outcome: str = None
+    outcome: str = Field(
+        default=None, description='Case-insensitive substring, e.g. "refused" for any refusal'
+    )
     created_after: QueryTime = None
     created_before: QueryTime = None
     cursor: cursor_param("a") = None
@@ -275,16 +280,18 @@ def list_audit(request, filters: Query[AuditFilters]):
     strings = (filters.action, filters.actor, filters.user, filters.target_type)
     if has_nul(*strings, filters.target_id, filters.outcome):
         return {"items": [], "next": None}
-    rows = selectors.rest_audit(
-        action=filters.action,
-        actor=filters.actor,
-        user=filters.user,
-        via=filters.via,
-        target_type=filters.target_type,
-        target_id=filters.target_id,
-        outcome=filters.outcome,
-        created_after=filters.created_after,
-        created_before=filters.created_before,
+    rows = selectors.audit_rows(
+        selectors.audit_entries(
+            action=filters.action,
+            actor=filters.actor,
+            user=filters.user,
+            via=filters.via,
+            target_type=filters.target_type,
+            target_id=filters.target_id,
+            outcome=filters.outcome,
+            created_after=filters.created_after,
+            created_before=filters.created_before,
+        )
     )
     page = keyset_page(rows, "a", filters.cursor, filters.limit)
     for item in page["items"]:

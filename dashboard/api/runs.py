@@ -55,7 +55,7 @@ def has_nul(*values) -> bool:
 
 
 def find_run(run_id: str):
-    run = None if has_nul(run_id) else selectors.rest_run(run_id)
+    run = None if has_nul(run_id) else selectors.run_for_detail(run_id)
     if run is None:
         raise Http404(f"runId: no run {run_id!r}")
     return run
@@ -71,7 +71,7 @@ def counts_out(counts: dict[str, int]) -> dict:
 
 
 def run_item(row: dict) -> dict:
-    """A row of ``selectors.rest_run_rows`` as the API shows it: "" for absent references."""
+    """A row of ``selectors.run_rows`` as the API shows it: "" for absent references."""
     item = dict(row)
     for key in ("parentRunId", "parentConversationId", "leaseId"):
         if item[key] is None:
@@ -102,7 +102,9 @@ class RunFilters(Schema):
     created_after: QueryTime = Field(default=None, description="Created at or after")
     created_before: QueryTime = Field(default=None, description="Created strictly before")
     q: str = Field(
-        default=None, description="Case-insensitive substring of any of the run's event texts"
+        default=None,
+        description="Case-insensitive substring of the run's runId, conversationId, output, "
+        "error or any of its event texts",
     )
     cursor: cursor_param("r") = None
     limit: LimitParam = DEFAULT_LIMIT
@@ -120,7 +122,7 @@ def list_runs(request, filters: Query[RunFilters]):
     strings = (filters.runner, filters.profile, filters.root, filters.parent)
     if has_nul(*strings, filters.conversation, filters.q):
         return {"items": [], "next": None}
-    runs = selectors.rest_runs(
+    runs = selectors.runs_matching(
         statuses=filters.status,
         depth=filters.depth,
         depth_min=filters.depth_min,
@@ -134,7 +136,7 @@ def list_runs(request, filters: Query[RunFilters]):
         created_before=filters.created_before,
         q=filters.q,
     )
-    page = keyset_page(selectors.rest_run_rows(runs), "r", filters.cursor, filters.limit)
+    page = keyset_page(selectors.run_rows(runs), "r", filters.cursor, filters.limit)
     page["items"] = [run_item(row) for row in page["items"]]
     return page
 
@@ -201,7 +203,7 @@ class TreeQuery(Schema):
 @strict_query(TreeQuery)
 def get_tree(request, runId: str, params: Query[TreeQuery]):  # noqa: N803
     run = find_run(runId)
-    rows, counts = selectors.rest_subtree(run, params.levels)
+    rows, counts = selectors.subtree_with_counts(run, params.levels)
     boundary = run.depth + params.levels if params.levels is not None else None
     root_run_id = run.root.run_id if run.root_id else run.run_id
     nodes = {}
@@ -298,7 +300,7 @@ class ExportParams(Schema):
 @strict_query(ExportParams)
 def export_events(request, runId: str, params: Query[ExportParams]):  # noqa: N803
     run = find_run(runId)
-    runs = selectors.rest_subtree_ids(run) if params.subtree else {run.pk: run.run_id}
+    runs = selectors.subtree_run_ids(run) if params.subtree else {run.pk: run.run_id}
     return export.ndjson_response(request, runs, filename=f"{run.pk}.ndjson")
 
 

@@ -1,0 +1,91 @@
+"""Reads of runners: the live socket's and the runners page's rows, the REST list."""
+
+from __future__ import annotations
+
+from django.db.models import Count, F
+
+from delegation.models import ExtensionPreset, Lease, LeaseState, Run, Runner, RunStatus
+from delegation.selectors.events import millis
+
+
+def runner_states() -> list[dict]:
+    """Every runner's connection state and presets, as the live socket sends them."""
+    return [
+        {
+            "runnerId": runner.name,
+            "connected": runner.connected,
+            "generation": runner.connection_generation,
+            "hostInstanceId": runner.host_instance_id,
+            "lastSeenAt": millis(runner.last_seen_at),
+            "lostAt": millis(runner.lost_at),
+            "revoked": runner.revoked_at is not None,
+            "presets": [
+                {"extensionId": p.extension_id, "generation": p.generation, "name": p.name}
+                for p in runner.presets.all()
+            ],
+        }
+        for runner in Runner.objects.prefetch_related("presets").order_by("name")
+    ]
+
+
+def runner_overview() -> list[dict]:
+    """Every runner with its presets, running runs and active leases, for the runners page."""
+    running = dict(
+        Run.objects.filter(status=RunStatus.RUNNING)
+        .values("runner_id")
+        .annotate(n=Count("id"))
+        .values_list("runner_id", "n")
+    )
+    leases = dict(
+        Lease.objects.filter(state=LeaseState.ACTIVE)
+        .values("runner_id")
+        .annotate(n=Count("id"))
+        .values_list("runner_id", "n")
+    )
+    return [
+        {
+            "runner": runner,
+            "presets": list(runner.presets.all()),
+            "running": running.get(runner.pk, 0),
+            "leases": leases.get(runner.pk, 0),
+            "last_seen_ms": millis(runner.last_seen_at),
+        }
+        for runner in Runner.objects.prefetch_related("presets").order_by("name")
+    ]
+
+
+def runner_names():
+    return Runner.objects.values_list("name", flat=True)
+
+
+def runners_matching(*, connected=None, name=None):
+    runners = Runner.objects.all()
+    if connected is not None:
+        runners = runners.filter(connected=connected)
+    if name is not None:
+        runners = runners.filter(name=name)
+    return runners.values(
+        "pk",
+        "connected",
+        "workspace",
+        runnerId=F("name"),
+        connectionGeneration=F("connection_generation"),
+        hostInstanceId=F("host_instance_id"),
+        declaredDepth=F("declared_depth"),
+        createdAt=F("created_at"),
+        revokedAt=F("revoked_at"),
+        lastSeenAt=F("last_seen_at"),
+        disconnectedAt=F("disconnected_at"),
+        lostAt=F("lost_at"),
+    )
+
+
+def run_counts_of_runner(runner_pk: int) -> dict[str, int]:
+    rows = Run.objects.filter(runner_id=runner_pk).values("status").annotate(n=Count("id"))
+    return {row["status"]: row["n"] for row in rows.order_by()}
+
+
+def presets_of_runner(runner_pk: int) -> list:
+    return list(
+        ExtensionPreset.objects.filter(runner_id=runner_pk).order_by("extension_id", "name")
+    )
