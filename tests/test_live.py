@@ -15,8 +15,8 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import Group, User
 from django.test import Client
 
-from dashboard import live as livemod
-from delegation import notify, services
+from dashboard.live import frames as live_frames
+from delegation import notify, protocol, services
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ORIGIN = (b"origin", b"http://127.0.0.1")
@@ -102,7 +102,7 @@ async def emit(runner, run_id, start, *texts):
 def check_frames(frames):
     """Every server frame fits its declared pydantic model."""
     for f in frames:
-        model = livemod.SERVER_FRAMES[f["type"]]
+        model = live_frames.SERVER_FRAMES[f["type"]]
         if model is not None:
             model.model_validate(f)
 
@@ -213,7 +213,7 @@ async def test_it_refuses_a_bad_frame_naming_the_field(sent, field, words):
     assert error["type"] == "error", error
     assert error["field"] == field, error
     assert words in error["message"], error
-    livemod.ErrorFrame.model_validate(error)
+    live_frames.ErrorFrame.model_validate(error)
     # The socket stays usable after a refused frame.
     await ws.send_json_to({"type": "ping"})
     assert (await frame(ws)) == {"type": "pong"}
@@ -224,7 +224,7 @@ async def test_it_checks_session_origin_role_and_bearer_tokens():
     # Not signed in: accepted, then closed with 4401.
     ws = live_socket([ORIGIN])
     assert (await ws.connect(timeout=10))[0]
-    assert (await ws.receive_output(timeout=5))["code"] == livemod.CLOSE_UNAUTHORIZED
+    assert (await ws.receive_output(timeout=5))["code"] == protocol.CLOSE_UNAUTHORIZED
     # A session from another origin (a cross-site hijack) is refused at the handshake.
     cookie = await database_sync_to_async(_session_cookie)("olga", "operator")
     ws = live_socket([(b"origin", b"http://evil.example"), (b"cookie", cookie)])
@@ -236,7 +236,7 @@ async def test_it_checks_session_origin_role_and_bearer_tokens():
     cookie = await database_sync_to_async(_session_cookie)("outsider", None)
     ws = live_socket([ORIGIN, (b"cookie", cookie)])
     assert (await ws.connect(timeout=10))[0]
-    assert (await ws.receive_output(timeout=5))["code"] == livemod.CLOSE_FORBIDDEN
+    assert (await ws.receive_output(timeout=5))["code"] == protocol.CLOSE_FORBIDDEN
     # A script with an API token needs no Origin; a wrong token is refused.
     token = await database_sync_to_async(_token)("vera", "viewer")
     ws = live_socket([(b"authorization", f"Bearer {token}".encode())])
@@ -246,7 +246,7 @@ async def test_it_checks_session_origin_role_and_bearer_tokens():
     await ws.disconnect()
     ws = live_socket([(b"authorization", b"Bearer cna_wrong")])
     assert (await ws.connect(timeout=10))[0]
-    assert (await ws.receive_output(timeout=5))["code"] == livemod.CLOSE_UNAUTHORIZED
+    assert (await ws.receive_output(timeout=5))["code"] == protocol.CLOSE_UNAUTHORIZED
 
 
 async def test_it_streams_a_tree_as_it_grows_and_changes(runner):

@@ -1,52 +1,5 @@
-"""The live socket for operators, ``/ws/live/`` (SPEC §7).
-
-Authentication: the browser's Django session (the handshake's ``Origin`` must be one of
-``ALLOWED_HOSTS``), or ``Authorization: Bearer <api token>`` for scripts (a browser cannot
-set that header, so a token handshake needs no Origin; one that sends an Origin still has it
-checked). The user needs the viewer role at least. Refusals close the socket right after the
-handshake with 4401 (not signed in / bad token) or 4403 (no role).
-
-Protocol. One JSON object per text frame, decoded strictly (unknown fields, duplicate keys,
-wrong types and nulls are refused; the error names the field). Client to server:
-
-``{"type": "subscribe", "runId": R, "after": N}``
-    The run's events with ``sequence > N`` (``after`` defaults to 0), replayed from the
-    database, then pushed as they commit; plus the run's state whenever it changes.
-``{"type": "subscribe", "treeId": R}``
-    The subtree under run R (the whole tree when R is a root): every run of it as a row,
-    in chunks (``tree`` frames, the last with ``"more": false``), then a ``rows`` frame for
-    each run that appears or changes (status, event count, lease, refused spawns, ...).
-    Resubscribing resends the whole snapshot; rows are upserts keyed by ``runId``.
-``{"type": "subscribe", "roots": [R, ...], "newTrees": true}``
-    For the trees overview: a ``summary`` frame per root (counts by status, deepest depth,
-    number of runs) now and whenever the tree changes, and with ``newTrees`` a ``newTree``
-    frame whenever a top-level run opens.
-``{"type": "subscribe", "runners": true}``
-    ``runners`` frames with every runner's connection state, now and on every change.
-``{"type": "unsubscribe", ...}``
-    The same keys as the subscription to drop (``runId``, ``treeId``, ``roots``,
-    ``runners``).
-``{"type": "ping"}``
-    Answered by ``{"type": "pong"}``.
-
-Server to client: ``hello`` (once: heartbeat period, server time, user and role),
-``subscribed``, ``run`` (a run's ``Result`` fields without events, plus times and head),
-``events`` (``runId`` and a list of events in sequence order, each with ``actor`` and
-``createdAt``), ``tree``, ``rows``, ``summary``, ``newTree``, ``runners``, ``heartbeat`` and
-``error`` (``code``, ``field``, ``message``).
-
-Delivery. The database is the record and the channel layer only rings a doorbell (which
-may be lost). On every doorbell, and for every subscription on every heartbeat, the socket
-reads from the database everything after what it has already sent on this connection, so
-the events of a run arrive gap-free, duplicate-free and in sequence order whatever the
-channel layer dropped. All reads and sends happen in one worker task per socket, so frames
-never interleave. Every ``LIVE_HEARTBEAT_SECONDS`` the server catches up and then sends
-``{"type": "heartbeat", "at": ms, "runs": {runId: lastSentSequence}, "trees": {...}}``: a
-client whose last sequence for a run is below the head missed frames and resubscribes with
-``after`` = its last sequence; a client that hears nothing for a few heartbeat periods
-treats the socket as dead and reconnects the same way. A client that reconnects with its
-last sequence loses nothing.
-"""
+"""The live socket's consumer: subscriptions, doorbells, catch-up from the database, heartbeats
+and back-pressure (the protocol is described in ``dashboard.live``)."""
 
 from __future__ import annotations
 
@@ -56,20 +9,26 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from datetime import UTC, datetime
 
-from channels.auth import AuthMiddlewareStack
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from channels.security.websocket import AllowedHostsOriginValidator
 from django.conf import settings
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from delegation import notify, roles, selectors, services
-from delegation.errors import RpcError
-from delegation.models import TERMINAL_STATUSES, Event, Run, Runner
+from dashboard.live.frames import (
+    FrameError,
+    Ping,
+    SubscribeRoots,
+    SubscribeRun,
+    SubscribeTree,
+    Unsubscribe,
+    parse_client_frame,
+)
+from dashboard.live.gate import authorise, can_act
+from delegation import notify, selectors
 from delegation.protocol import CLOSE_FORBIDDEN, CLOSE_UNAUTHORIZED, bearer_token
-from delegation.wire import RunSnapshot, describe, dumps, loads_strict, valid_id
+from delegation.wire import dumps
 
 log = logging.getLogger(__name__)
 
@@ -80,308 +39,16 @@ TREE_CHUNK = 1000
 MAX_FRAME_CHARS = 256 * 1024
 MAX_RUN_SUBSCRIPTIONS = 200
 MAX_TREE_SUBSCRIPTIONS = 20
-MAX_ROOTS = 200
 TREE_OVERLAP_SECONDS = 5.0
-
-
-# --- Frames in -------------------------------------------------------------------------------
-
-
-class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-def _run_id(value: str, name: str) -> str:
-    return valid_id(value, name)
-
-
-class SubscribeRun(_In):
-    type: Literal["subscribe"]
-    run_id: str = Field(alias="runId")
-    after: int = Field(default=0, ge=0)
-
-    @field_validator("run_id")
-    @classmethod
-    def _id(cls, value: str) -> str:
-        return _run_id(value, "runId")
-
-
-class SubscribeTree(_In):
-    type: Literal["subscribe"]
-    tree_id: str = Field(alias="treeId")
-
-    @field_validator("tree_id")
-    @classmethod
-    def _id(cls, value: str) -> str:
-        return _run_id(value, "treeId")
-
-
-class SubscribeRoots(_In):
-    type: Literal["subscribe"]
-    roots: list[str] = Field(max_length=MAX_ROOTS)
-    new_trees: bool = Field(default=False, alias="newTrees")
-
-    @field_validator("roots")
-    @classmethod
-    def _ids(cls, value: list[str]) -> list[str]:
-        for index, item in enumerate(value):
-            _run_id(item, f"roots[{index}]")
-        return value
-
-
-class SubscribeRunners(_In):
-    type: Literal["subscribe"]
-    runners: Literal[True]
-
-
-class Unsubscribe(_In):
-    type: Literal["unsubscribe"]
-    run_id: str = Field(default=None, alias="runId")
-    tree_id: str = Field(default=None, alias="treeId")
-    roots: list[str] = Field(default=None)
-    runners: Literal[True] = Field(default=None)
-
-
-class Ping(_In):
-    type: Literal["ping"]
-
-
-SUBSCRIPTION_KEYS = {
-    "runId": SubscribeRun,
-    "treeId": SubscribeTree,
-    "roots": SubscribeRoots,
-    "runners": SubscribeRunners,
-}
-
-
-class FrameError(Exception):
-    def __init__(self, field: str, message: str, code: str = "invalid"):
-        super().__init__(message)
-        self.field = field
-        self.message = message
-        self.code = code
-
-
-def parse_client_frame(text: str):
-    """Decode one client frame strictly into its model, or raise FrameError naming the field."""
-    try:
-        frame = loads_strict(text)
-    except RpcError as exc:
-        raise FrameError("", exc.message) from None
-    if not isinstance(frame, dict):
-        raise FrameError("", "frame: must be a JSON object")
-    kind = frame.get("type")
-    if "type" not in frame:
-        raise FrameError("type", "type: required field missing")
-    if kind == "subscribe":
-        present = [key for key in SUBSCRIPTION_KEYS if key in frame]
-        if len(present) != 1:
-            raise FrameError(
-                "runId",
-                "subscribe: exactly one of runId, treeId, roots or runners is required",
-            )
-        model = SUBSCRIPTION_KEYS[present[0]]
-    elif kind == "unsubscribe":
-        model = Unsubscribe
-    elif kind == "ping":
-        model = Ping
-    else:
-        raise FrameError(
-            "type", f"type: must be 'subscribe', 'unsubscribe' or 'ping', got {kind!r}"
-        )
-    try:
-        return model.model_validate(frame, strict=True)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]["loc"]
-        return_field = ".".join(str(p) for p in first if not str(p).startswith("function"))
-        raise FrameError(return_field, describe(exc)) from None
-
-
-# --- Frames out (documented and checked by the tests; built as dicts for speed) -------------
-
-
-class _Out(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
-
-
-class LiveEvent(_Out):
-    sequence: int
-    kind: str
-    text: str | None = None
-    tool_name: str | None = Field(default=None, alias="toolName")
-    tool_call_id: str | None = Field(default=None, alias="toolCallId")
-    input: Any = None
-    tool_output: Any = Field(default=None, alias="toolOutput")
-    success: bool | None = None
-    error: str | None = None
-    truncated: bool = False
-    actor: str = ""
-    data: Any = None
-    created_at: int = Field(alias="createdAt")
-
-
-class HelloFrame(_Out):
-    type: Literal["hello"]
-    heartbeat_seconds: float = Field(alias="heartbeatSeconds")
-    server_time: int = Field(alias="serverTime")
-    user: str
-    role: str
-    can_act: bool = Field(alias="canAct")
-
-
-class SubscribedFrame(_Out):
-    type: Literal["subscribed"]
-    run_id: str | None = Field(default=None, alias="runId")
-    tree_id: str | None = Field(default=None, alias="treeId")
-    roots: list[str] | None = None
-    runners: bool | None = None
-    after: int | None = None
-
-
-class RunState(RunSnapshot):
-    last_sequence: int = Field(alias="lastSequence")
-    created_at: int = Field(alias="createdAt")
-    finished_at: int | None = Field(alias="finishedAt")
-    cancel_requested_at: int | None = Field(alias="cancelRequestedAt")
-    cancel_reason: str = Field(alias="cancelReason")
-    refused_spawns: int = Field(alias="refusedSpawns")
-
-
-class RunFrame(_Out):
-    type: Literal["run"]
-    run: RunState
-
-
-class EventsFrame(_Out):
-    type: Literal["events"]
-    run_id: str = Field(alias="runId")
-    events: list[LiveEvent]
-
-
-class TreeRow(_Out):
-    pk: int
-    run_id: str = Field(alias="runId")
-    parent_run_id: str = Field(alias="parentRunId")
-    parent_pk: int | None = Field(alias="parentPk")
-    depth: int
-    status: str
-    profile: str
-    runner: str
-    created_at: int = Field(alias="createdAt")
-    finished_at: int | None = Field(alias="finishedAt")
-    events: int
-    refused_spawns: int = Field(alias="refusedSpawns")
-    cancel_requested: bool = Field(alias="cancelRequested")
-    under_lease: bool = Field(alias="underLease")
-    leases: list[dict[str, Any]]
-
-
-class TreeFrame(_Out):
-    type: Literal["tree"]
-    tree_id: str = Field(alias="treeId")
-    runs: list[TreeRow]
-    more: bool
-
-
-class RowsFrame(_Out):
-    type: Literal["rows"]
-    tree_id: str = Field(alias="treeId")
-    runs: list[TreeRow]
-
-
-class SummaryFrame(_Out):
-    type: Literal["summary"]
-    tree_id: str = Field(alias="treeId")
-    counts: dict[str, int]
-    max_depth: int = Field(alias="maxDepth")
-    runs: int
-    status: str
-    profile: str
-    runner_id: str = Field(alias="runnerId")
-    conversation_id: str = Field(alias="conversationId")
-
-
-class NewTreeFrame(_Out):
-    type: Literal["newTree"]
-    tree_id: str = Field(alias="treeId")
-
-
-class RunnersFrame(_Out):
-    type: Literal["runners"]
-    runners: list[dict[str, Any]]
-
-
-class HeartbeatFrame(_Out):
-    type: Literal["heartbeat"]
-    at: int
-    runs: dict[str, int]
-    trees: dict[str, int]
-
-
-class ErrorFrame(_Out):
-    type: Literal["error"]
-    code: str
-    field: str
-    message: str
-
-
-SERVER_FRAMES = {
-    "hello": HelloFrame,
-    "subscribed": SubscribedFrame,
-    "run": RunFrame,
-    "events": EventsFrame,
-    "tree": TreeFrame,
-    "rows": RowsFrame,
-    "summary": SummaryFrame,
-    "newTree": NewTreeFrame,
-    "runners": RunnersFrame,
-    "heartbeat": HeartbeatFrame,
-    "error": ErrorFrame,
-    "pong": None,
-}
-
 
 # --- Reads (sync, run in a thread) -----------------------------------------------------------
 
 
-def _ms(value) -> int | None:
-    return int(value.timestamp() * 1000) if value is not None else None
-
-
-def live_event(event: Event) -> dict:
-    row = {attr: getattr(event, attr) for _alias, attr in selectors.EVENT_FIELDS}
-    row.update(kind=event.kind, truncated=event.truncated)
-    return selectors.live_event_row(
-        event.sequence, row, _ms(event.created_at), event.actor, event.data
-    )
-
-
-def run_state(run: Run) -> dict:
-    state = selectors.snapshot(run)
-    del state["events"]
-    state.update(
-        lastSequence=run.last_sequence,
-        createdAt=_ms(run.created_at),
-        finishedAt=_ms(run.finished_at),
-        cancelRequestedAt=_ms(run.cancel_requested_at),
-        cancelReason=run.cancel_reason,
-        refusedSpawns=run.refused_spawns,
-    )
-    return state
-
-
-def _find_run(run_id: str) -> Run | None:
-    return selectors.get_run(run_id)
-
-
 def _run_delta(run_pk: int, after: int, limit: int):
-    run = Run.objects.select_related(*selectors.RESULT_RELATED).filter(pk=run_pk).first()
+    run = selectors.get_run_by_pk(run_pk)
     if run is None:
         return None, []
-    events = list(
-        Event.objects.filter(run_id=run_pk, sequence__gt=after).order_by("sequence")[:limit]
-    )
-    return run_state(run), [live_event(e) for e in events]
+    return selectors.run_state(run), selectors.live_events_after(run_pk, after, limit)
 
 
 # Sockets of one process watching the same run from the same point share one database read:
@@ -406,86 +73,6 @@ async def shared_run_delta(run_pk: int, after: int, limit: int):
         _inflight[key] = future
         future.add_done_callback(lambda _done, key=key: _inflight.pop(key, None))
     return await asyncio.shield(future)
-
-
-def _tree_rows(top_pk: int, only_pks=None, since=None):
-    """Rows of the subtree; with ``since``, only runs changed after it (plus ``only_pks``).
-
-    A doorbell names one run, but a ring may be lost or coalesced with others of the same
-    tree, so the changed set is read from ``updated_at`` (with an overlap for transactions
-    that committed late) and the heartbeat still diffs the whole tree.
-    """
-    from django.db.models import Q
-
-    from delegation.models import Lease
-
-    top = Run.objects.filter(pk=top_pk).first()
-    if top is None:
-        return []
-    if since is None:
-        return selectors.tree_rows(top, only_pks)
-    root_pk = top.root_id or top.pk
-    pks = set(only_pks or ())
-    pks.update(
-        Run.objects.filter(Q(pk=root_pk) | Q(root_id=root_pk), updated_at__gte=since).values_list(
-            "pk", flat=True
-        )
-    )
-    pks.update(
-        Lease.objects.filter(Q(parent_run_id=root_pk) | Q(parent_run__root_id=root_pk))
-        .filter(Q(created_at__gte=since) | Q(ended_at__gte=since))
-        .values_list("parent_run_id", flat=True)
-    )
-    return selectors.tree_rows(top, pks)
-
-
-def _summaries(root_pks):
-    summaries = selectors.tree_summaries(root_pks)
-    roots = {
-        pk: (status, profile, runner, conversation)
-        for pk, status, profile, runner, conversation in Run.objects.filter(
-            pk__in=list(root_pks)
-        ).values_list("pk", "status", "profile", "runner__name", "session__conversation_id")
-    }
-    for pk, summary in summaries.items():
-        status, profile, runner, conversation = roots.get(pk, ("", "", "", ""))
-        # The root's identity too: a tree announced live has only its runId on the page.
-        summary.update(status=status, profile=profile, runnerId=runner, conversationId=conversation)
-    return summaries
-
-
-def runner_rows() -> list[dict]:
-    rows = []
-    for runner in Runner.objects.prefetch_related("presets").order_by("name"):
-        rows.append(
-            {
-                "runnerId": runner.name,
-                "connected": runner.connected,
-                "generation": runner.connection_generation,
-                "hostInstanceId": runner.host_instance_id,
-                "lastSeenAt": _ms(runner.last_seen_at),
-                "lostAt": _ms(runner.lost_at),
-                "revoked": runner.revoked_at is not None,
-                "presets": [
-                    {"extensionId": p.extension_id, "generation": p.generation, "name": p.name}
-                    for p in runner.presets.all()
-                ],
-            }
-        )
-    return rows
-
-
-def _authorise(user, token: str):
-    """The user behind the session or the bearer token, and their role (or None)."""
-    if token:
-        user = services.authenticate_api_token(token)
-    if user is None or not getattr(user, "is_authenticated", False):
-        return None, None
-    return user, roles.role_of(user)
-
-
-def _can_act(user) -> bool:
-    return roles.can_act(user)
 
 
 # --- The consumer ----------------------------------------------------------------------------
@@ -554,11 +141,10 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.dirty_roots: set[int] = set()
         self.dirty_runners = False
         self.jobs: list = []
-        self.full_sweep = False
         self.wake = asyncio.Event()
         self.tasks: list[asyncio.Task] = []
         token = bearer_token(self.scope.get("headers", []))
-        user, role = await database_sync_to_async(_authorise)(self.scope.get("user"), token)
+        user, role = await database_sync_to_async(authorise)(self.scope.get("user"), token)
         await self.accept()
         if user is None:
             await self.close(code=CLOSE_UNAUTHORIZED)
@@ -575,7 +161,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
                 "serverTime": int(time.time() * 1000),
                 "user": user.get_username(),
                 "role": role,
-                "canAct": await database_sync_to_async(_can_act)(user),
+                "canAct": await database_sync_to_async(can_act)(user),
             }
         )
         self.tasks.append(asyncio.ensure_future(self._work()))
@@ -630,7 +216,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self._catch_up_runners()
 
     async def _subscribe_run(self, frame: SubscribeRun):
-        run = await database_sync_to_async(_find_run)(frame.run_id)
+        run = await database_sync_to_async(selectors.get_run)(frame.run_id)
         if run is None:
             await self._error("runId", f"runId: no run {frame.run_id!r}", "not_found")
             return
@@ -645,7 +231,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         await self._catch_up_run(self.runs[run.pk])
 
     async def _subscribe_tree(self, frame: SubscribeTree):
-        run = await database_sync_to_async(_find_run)(frame.tree_id)
+        run = await database_sync_to_async(selectors.get_run)(frame.tree_id)
         if run is None:
             await self._error("treeId", f"treeId: no run {frame.tree_id!r}", "not_found")
             return
@@ -660,7 +246,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self._hold(notify.tree_group(root_pk))
         await self._send({"type": "subscribed", "treeId": run.run_id})
         sub.read_at = time.time()
-        rows = await database_sync_to_async(_tree_rows)(run.pk)
+        rows = await database_sync_to_async(selectors.tree_rows_changed)(run.pk)
         for start in range(0, max(len(rows), 1), TREE_CHUNK):
             chunk = rows[start : start + TREE_CHUNK]
             more = start + TREE_CHUNK < len(rows)
@@ -669,11 +255,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         sub.ready = True
 
     async def _subscribe_roots(self, frame: SubscribeRoots):
-        found = await database_sync_to_async(
-            lambda ids: dict(
-                Run.objects.filter(run_id__in=ids, root__isnull=True).values_list("pk", "run_id")
-            )
-        )(frame.roots)
+        found = await database_sync_to_async(selectors.root_pks_by_run_id)(frame.roots)
         for pk in found:
             if pk not in self.roots:
                 await self._hold(notify.tree_group(pk))
@@ -725,8 +307,6 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def dispatch(self, message):
         # A doorbell type this socket does not know (a newer engine) must not close it.
-        from channels.consumer import get_handler_name
-
         if getattr(self, get_handler_name(message), None) is None:
             return
         await super().dispatch(message)
@@ -873,13 +453,11 @@ class LiveConsumer(AsyncWebsocketConsumer):
                 return
 
     async def _catch_up_tree(self, sub: _TreeSub, run_pks):
-        from datetime import UTC, datetime
-
         since = None
         if run_pks is not None:
             since = datetime.fromtimestamp(sub.read_at - TREE_OVERLAP_SECONDS, tz=UTC)
         sub.read_at = time.time()
-        rows = await database_sync_to_async(_tree_rows)(sub.top_pk, run_pks, since)
+        rows = await database_sync_to_async(selectors.tree_rows_changed)(sub.top_pk, run_pks, since)
         rows.sort(key=lambda row: (row["depth"], row["pk"]))
         changed = []
         for row in rows:
@@ -899,7 +477,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         wanted = [pk for pk in root_pks if pk in self.roots]
         if not wanted:
             return
-        summaries = await database_sync_to_async(_summaries)(wanted)
+        summaries = await database_sync_to_async(selectors.root_summaries)(wanted)
         for pk, summary in summaries.items():
             state = (
                 summary["status"],
@@ -915,15 +493,13 @@ class LiveConsumer(AsyncWebsocketConsumer):
     async def _catch_up_runners(self):
         if not self.runners:
             return
-        rows = await database_sync_to_async(runner_rows)()
+        rows = await database_sync_to_async(selectors.runner_states)()
         if rows != self.runners_state:
             self.runners_state = rows
             await self._send({"type": "runners", "runners": rows})
 
     async def _new_tree(self, root_pk: int):
-        run_id = await database_sync_to_async(
-            lambda: Run.objects.filter(pk=root_pk).values_list("run_id", flat=True).first()
-        )()
+        run_id = await database_sync_to_async(selectors.run_id_of)(root_pk)
         if run_id:
             await self._send({"type": "newTree", "treeId": run_id})
 
@@ -973,9 +549,6 @@ def _batches(events: list[dict]):
         yield batch
 
 
-TERMINAL = {str(status) for status in TERMINAL_STATUSES}
-
-
 class _Backlogged(Exception):
     """The client has not taken what was already sent; send nothing more for now."""
 
@@ -994,29 +567,3 @@ def _unsent_bytes(send) -> int | None:
         - getattr(transport, "offset", 0)
         + getattr(transport, "_tempDataLen", 0)
     )
-
-
-class LiveGate:
-    """Origin check and session auth for browsers; a bearer token stands on its own.
-
-    A browser cannot put an ``Authorization`` header on a WebSocket handshake, so a handshake
-    that carries one cannot be a cross-site hijack of a session; it still has its Origin
-    checked when it sends one.
-    """
-
-    def __init__(self, inner):
-        self.browser = AllowedHostsOriginValidator(AuthMiddlewareStack(inner))
-        self.origin_checked = AllowedHostsOriginValidator(inner)
-        self.inner = inner
-
-    async def __call__(self, scope, receive, send):
-        if not bearer_token(scope.get("headers", [])):
-            return await self.browser(scope, receive, send)
-        scope = dict(scope, user=None)
-        if any(key.lower() == b"origin" for key, _ in scope.get("headers", [])):
-            return await self.origin_checked(scope, receive, send)
-        return await self.inner(scope, receive, send)
-
-
-def live_application():
-    return LiveGate(LiveConsumer.as_asgi())

@@ -1,0 +1,56 @@
+"""The live socket for operators, ``/ws/live/`` (SPEC §7).
+
+Authentication: the browser's Django session (the handshake's ``Origin`` must be one of
+``ALLOWED_HOSTS``), or ``Authorization: Bearer <api token>`` for scripts (a browser cannot
+set that header, so a token handshake needs no Origin; one that sends an Origin still has it
+checked). The user needs the viewer role at least. Refusals close the socket right after the
+handshake with 4401 (not signed in / bad token) or 4403 (no role).
+
+Protocol. One JSON object per text frame, decoded strictly (unknown fields, duplicate keys,
+wrong types and nulls are refused; the error names the field). Client to server:
+
+``{"type": "subscribe", "runId": R, "after": N}``
+    The run's events with ``sequence > N`` (``after`` defaults to 0), replayed from the
+    database, then pushed as they commit; plus the run's state whenever it changes.
+``{"type": "subscribe", "treeId": R}``
+    The subtree under run R (the whole tree when R is a root): every run of it as a row,
+    in chunks (``tree`` frames, the last with ``"more": false``), then a ``rows`` frame for
+    each run that appears or changes (status, event count, lease, refused spawns, ...).
+    Resubscribing resends the whole snapshot; rows are upserts keyed by ``runId``.
+``{"type": "subscribe", "roots": [R, ...], "newTrees": true}``
+    For the trees overview: a ``summary`` frame per root (counts by status, deepest depth,
+    number of runs) now and whenever the tree changes, and with ``newTrees`` a ``newTree``
+    frame whenever a top-level run opens.
+``{"type": "subscribe", "runners": true}``
+    ``runners`` frames with every runner's connection state, now and on every change.
+``{"type": "unsubscribe", ...}``
+    The same keys as the subscription to drop (``runId``, ``treeId``, ``roots``,
+    ``runners``).
+``{"type": "ping"}``
+    Answered by ``{"type": "pong"}``.
+
+Server to client: ``hello`` (once: heartbeat period, server time, user and role),
+``subscribed``, ``run`` (a run's ``Result`` fields without events, plus times and head),
+``events`` (``runId`` and a list of events in sequence order, each with ``actor`` and
+``createdAt``), ``tree``, ``rows``, ``summary``, ``newTree``, ``runners``, ``heartbeat`` and
+``error`` (``code``, ``field``, ``message``).
+
+Delivery. The database is the record and the channel layer only rings a doorbell (which
+may be lost). On every doorbell, and for every subscription on every heartbeat, the socket
+reads from the database everything after what it has already sent on this connection, so
+the events of a run arrive gap-free, duplicate-free and in sequence order whatever the
+channel layer dropped. All reads and sends happen in one worker task per socket, so frames
+never interleave. Every ``LIVE_HEARTBEAT_SECONDS`` the server catches up and then sends
+``{"type": "heartbeat", "at": ms, "runs": {runId: lastSentSequence}, "trees": {...}}``: a
+client whose last sequence for a run is below the head missed frames and resubscribes with
+``after`` = its last sequence; a client that hears nothing for a few heartbeat periods
+treats the socket as dead and reconnects the same way. A client that reconnects with its
+last sequence loses nothing.
+"""
+
+from dashboard.live.consumer import LiveConsumer
+from dashboard.live.gate import LiveGate
+
+
+def live_application():
+    return LiveGate(LiveConsumer.as_asgi())
