@@ -131,14 +131,28 @@ def test_it_steers_a_running_child_and_cancels_a_subtree(server, runner, browser
     sign_in(page, server.http_url, "olga", "pw")
     page.goto(f"{server.http_url}/runs/{child}/")
     page.wait_for_selector('#events [data-sequence="1"]')
+    # A reload would drop this marker and replay the stream from the first event.
+    page.evaluate("window.steerMarker = 'kept'")
     page.fill("#steer-message", "focus on the error paths")
     page.click("[data-action=steer]")
-    page.wait_for_selector(".flash-success")
+    outcome = page.wait_for_selector('#steer-outcome[data-outcome="injected"]')
+    assert "Steer injected" in outcome.text_content()
+    assert page.input_value("#steer-message") == ""
     steer = page.wait_for_selector('#events [data-kind="steer"]')
     assert steer.get_attribute("data-actor") == "user:olga"
     assert "focus on the error paths" in steer.text_content()
     reply = page.wait_for_selector('#events [data-kind="text"]:has-text("Steered: I was told")')
     assert int(reply.get_attribute("data-sequence")) > int(steer.get_attribute("data-sequence"))
+    assert page.evaluate("window.steerMarker") == "kept"
+    shown = sequences(page)
+    assert shown == list(range(1, len(shown) + 1))
+    # A refused steer is shown inline too, with the service's message, still without a reload.
+    page.fill("#steer-message", "   ")
+    page.click("[data-action=steer]")
+    refused = page.wait_for_selector('#steer-outcome[data-outcome="refused"]')
+    assert "Steer refused: message: must not be blank" in refused.text_content()
+    assert page.evaluate("window.steerMarker") == "kept"
+    assert Event.objects.filter(kind="steer").count() == 1
 
     # Cancel the subtree from the root: the confirmation counts every run that will stop.
     page.goto(f"{server.http_url}/runs/root-1/")
@@ -176,11 +190,14 @@ def test_it_shows_a_viewer_no_controls_and_refuses_a_forged_action(server, runne
     answer = page.evaluate(
         """async (url) => {
             const token = document.querySelector("input[name=csrfmiddlewaretoken]").value;
-            const body = new URLSearchParams({csrfmiddlewaretoken: token, cascade: "1"});
-            const r = await fetch(url, {method: "POST", body, headers: {Accept: "application/json"}});
+            const r = await fetch(url, {
+                method: "POST",
+                body: JSON.stringify({cascade: true}),
+                headers: {"Content-Type": "application/json", "X-CSRFToken": token},
+            });
             return {status: r.status, body: await r.json()};
         }""",
-        f"/runs/{child}/cancel/",
+        f"/api/runs/{child}/cancel",
     )
     assert answer["status"] == 403
     assert (

@@ -111,6 +111,67 @@ live.subscribeTree(runId, {
   onRows: (rows) => subtree.upsert(rows),
 });
 
+// --- Steer: posted to the REST API so the page (and its live stream) stays as it is -----------
+
+const steerForm = document.getElementById("steer-form");
+
+function freshRequestId() {
+  const bytes = crypto.getRandomValues(new Uint8Array(8));
+  return "dash-" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+function showSteerOutcome(kind, text) {
+  const outcome = document.getElementById("steer-outcome");
+  outcome.dataset.outcome = kind;
+  outcome.className = `steer-outcome small flash flash-${kind === "injected" ? "success" : kind === "refused" ? "error" : "warning"}`;
+  outcome.textContent = text;
+  outcome.hidden = false;
+}
+
+async function sendSteer(event) {
+  event.preventDefault();
+  const message = steerForm.querySelector("[name=message]");
+  const button = steerForm.querySelector("[data-action=steer]");
+  const requestId = steerForm.dataset.requestId || freshRequestId();
+  button.disabled = true;
+  let answer;
+  let status = 0;
+  try {
+    const response = await fetch(steerForm.dataset.endpoint, {
+      method: "POST",
+      credentials: "same-origin",
+      headers: {
+        "Content-Type": "application/json",
+        Accept: "application/json",
+        "X-CSRFToken": steerForm.querySelector("[name=csrfmiddlewaretoken]").value,
+      },
+      body: JSON.stringify({ requestId, message: message.value }),
+    });
+    status = response.status;
+    answer = await response.json();
+  } catch (error) {
+    showSteerOutcome("refused", `Steer not sent: ${error.message}. Try again.`);
+    button.disabled = TERMINAL.has(head.dataset.status);
+    return;
+  }
+  button.disabled = TERMINAL.has(head.dataset.status);
+  // The server answered, so this request is settled: the next steer is a new request. (After a
+  // network error the same requestId is reused, so a retry cannot inject the message twice.)
+  steerForm.dataset.requestId = freshRequestId();
+  if (status !== 200) {
+    showSteerOutcome("refused", `Steer refused: ${answer.error?.message ?? `HTTP ${status}`}`);
+    return;
+  }
+  if (answer.outcome === "injected") {
+    message.value = "";
+    showSteerOutcome("injected", "Steer injected: the message was queued for the running turn.");
+  } else {
+    const reason = answer.reason ? ` (${answer.reason})` : "";
+    showSteerOutcome(answer.outcome, `Steer not delivered: ${answer.outcome}${reason}.`);
+  }
+}
+if (steerForm) steerForm.addEventListener("submit", sendSteer);
+
 // --- Confirmations ------------------------------------------------------------------------------
 
 const dialog = document.getElementById("confirm-dialog");
