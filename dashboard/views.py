@@ -17,9 +17,7 @@ from functools import wraps
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.core.paginator import Paginator
-from django.db.models import Count, Q
-from django.db.models.functions import Coalesce
-from django.http import Http404, JsonResponse
+from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -29,14 +27,11 @@ from delegation import roles, selectors
 from delegation.errors import PermissionRefused, RpcError
 from delegation.models import (
     AuditEntry,
-    Event,
     Lease,
-    LeaseState,
     Run,
-    Runner,
     RunStatus,
 )
-from delegation.services import Actor, do_cancel_run, do_release_lease, do_steer_run
+from delegation.services import Actor, do_cancel_run, do_release_lease
 
 SINCE_CHOICES = (
     ("", "Any time"),
@@ -70,14 +65,7 @@ class LogoutView(auth_views.LogoutView):
     pass
 
 
-def _wants_json(request) -> bool:
-    return "application/json" in request.headers.get("Accept", "")
-
-
 def _refuse(request, message: str, status: int = 403):
-    if _wants_json(request):
-        code = "forbidden" if status == 403 else "invalid"
-        return JsonResponse({"error": {"code": code, "message": message}}, status=status)
     return render(
         request,
         "forbidden.html" if status == 403 else "error.html",
@@ -110,10 +98,6 @@ def signed_in(view):
     @wraps(view)
     def wrapped(request, *args, **kwargs):
         if not request.user.is_authenticated:
-            if _wants_json(request):
-                return JsonResponse(
-                    {"error": {"code": "unauthenticated", "message": "sign in first"}}, status=401
-                )
             return redirect(f"{reverse('login')}?next={request.get_full_path()}")
         return view(request, *args, **kwargs)
 
@@ -131,20 +115,14 @@ def _context(request, **extra) -> dict:
     return context
 
 
-def _ms(value):
-    return int(value.timestamp() * 1000) if value is not None else None
+_ms = selectors.millis
 
 
 @require_GET
 def home(request):
     """Open on a live tree: the newest tree that is still running, else the overview."""
     if request.user.is_authenticated and roles.can_view(request.user):
-        live = (
-            Run.objects.filter(root__isnull=True, status=RunStatus.RUNNING)
-            .order_by("-created_at", "-id")
-            .values_list("run_id", flat=True)
-            .first()
-        )
+        live = selectors.newest_running_root_id()
         if live:
             return redirect("tree", live)
     return redirect("trees")
@@ -162,29 +140,14 @@ def trees(request):
     profile = params.get("profile", "")
     since = params.get("since", "")
     query = params.get("q", "").strip()
-    roots = Run.objects.filter(root__isnull=True).select_related("runner", "session")
-    if status in STATUS_ORDER:
-        roots = roots.filter(status=status)
-    elif status == "active":
-        # Trees with any run still going, wherever it is in the tree.
-        busy = Run.objects.filter(status=RunStatus.RUNNING).annotate(tree=Coalesce("root_id", "id"))
-        roots = roots.filter(pk__in=busy.values("tree"))
-    if runner:
-        roots = roots.filter(runner__name=runner)
-    if profile:
-        roots = roots.filter(profile=profile)
-    if since in SINCE_DELTAS:
-        roots = roots.filter(created_at__gte=timezone.now() - SINCE_DELTAS[since])
-    if query:
-        matching = Run.objects.filter(
-            Q(run_id__icontains=query)
-            | Q(session__conversation_id__icontains=query)
-            | Q(output__icontains=query)
-            | Q(error__icontains=query)
-            | Q(pk__in=Event.objects.filter(text__icontains=query).values("run_id")[:2000])
-        ).annotate(tree=Coalesce("root_id", "id"))
-        roots = roots.filter(pk__in=matching.values("tree"))
-    roots = roots.order_by("-created_at", "-id")
+    roots = selectors.trees_matching(
+        status=status if status in STATUS_ORDER else None,
+        active=status == "active",
+        runner=runner,
+        profile=profile,
+        created_after=timezone.now() - SINCE_DELTAS[since] if since in SINCE_DELTAS else None,
+        q=query,
+    )
     page = Paginator(roots, TREES_PER_PAGE).get_page(params.get("page"))
     summaries = selectors.tree_summaries([run.pk for run in page])
     rows = []
@@ -209,12 +172,8 @@ def trees(request):
         page=page,
         filtered=filtered,
         statuses=STATUS_ORDER,
-        runners=Runner.objects.values_list("name", flat=True),
-        profiles=Run.objects.filter(root__isnull=True)
-        .exclude(profile="")
-        .values_list("profile", flat=True)
-        .distinct()
-        .order_by("profile"),
+        runners=selectors.runner_names(),
+        profiles=selectors.root_profiles(),
         since_choices=SINCE_CHOICES,
         f={"status": status, "runner": runner, "profile": profile, "since": since, "q": query},
         query_string=query_string.urlencode(),
@@ -238,8 +197,8 @@ def _run_or_404(run_id: str) -> Run:
 def tree(request, run_id):
     run = _run_or_404(run_id)
     if run.root_id is not None:
-        root = Run.objects.get(pk=run.root_id)
-        return redirect(f"{reverse('tree', args=[root.run_id])}?focus={run.run_id}")
+        root_id = selectors.root_run_id(run)
+        return redirect(f"{reverse('tree', args=[root_id])}?focus={run.run_id}")
     summary = selectors.tree_summaries([run.pk])[run.pk]
     context = _context(
         request,
@@ -262,42 +221,9 @@ def run_detail(request, run_id):
     live = selectors.live_descendants(run)
     result = selectors.snapshot(run)
     del result["events"]
-    held = list(Lease.objects.filter(parent_run=run).select_related("runner"))
+    held = selectors.leases_held_by(run)
     under = run.lease
-    report = (
-        AuditEntry.objects.filter(
-            target_type="run", target_id=run.run_id, action__in=("cancel", "cancel-subtree")
-        )
-        .exclude(outcome__startswith="refused")
-        .first()
-    )
-    report_rows = []
-    if report is not None:
-        detail = report.detail or {}
-        ids = [detail.get("runId", run.run_id)] + [
-            d["runId"] for d in detail.get("descendants", [])
-        ]
-        current = {
-            r.run_id: r
-            for r in Run.objects.filter(run_id__in=ids).only(
-                "run_id", "status", "finished_at", "depth"
-            )
-        }
-        requested = [(detail.get("runId", run.run_id), run.depth, detail.get("outcome", ""))] + [
-            (d["runId"], d.get("depth", 0), d.get("outcome", ""))
-            for d in detail.get("descendants", [])
-        ]
-        for target, depth, outcome in requested:
-            found = current.get(target)
-            report_rows.append(
-                {
-                    "run_id": target,
-                    "depth": depth,
-                    "outcome": outcome,
-                    "status": found.status if found else "",
-                    "finished_ms": _ms(found.finished_at) if found else None,
-                }
-            )
+    report, report_rows = selectors.cancel_report(run)
     root = run.root or run
     context = _context(
         request,
@@ -335,23 +261,16 @@ def run_detail(request, run_id):
         steer_request_id=f"dash-{uuid.uuid4().hex[:16]}",
         created_ms=_ms(run.created_at),
         finished_ms=_ms(run.finished_at),
-        children=child_summary(run),
+        children=selectors.child_counts(run),
     )
     return render(request, "run.html", context)
-
-
-def child_summary(run: Run):
-    rows = Run.objects.filter(parent=run).values("status").annotate(n=Count("id"))
-    return {row["status"]: row["n"] for row in rows}
 
 
 def _actor(request) -> Actor:
     return Actor.for_user(request.user, via="dashboard")
 
 
-def _done(request, run: Run, payload: dict, message: str, level=messages.SUCCESS):
-    if _wants_json(request):
-        return JsonResponse(payload)
+def _done(request, run: Run, message: str, level=messages.SUCCESS):
     messages.add_message(request, level, message)
     return redirect("run", run.run_id)
 
@@ -374,31 +293,7 @@ def run_cancel(request, run_id):
     text = f"Cancel {report['outcome']} for {run.run_id}" + (
         f" and {stopped} live descendant{'s' if stopped != 1 else ''}" if cascade else ""
     )
-    return _done(request, run, report, text)
-
-
-@require_POST
-@signed_in
-def run_steer(request, run_id):
-    run = _run_or_404(run_id)
-    message = request.POST.get("message", "")
-    request_id = request.POST.get("request_id", "") or f"dash-{uuid.uuid4().hex[:16]}"
-    try:
-        answer = do_steer_run(_actor(request), run, request_id=request_id, message=message)
-    except PermissionRefused as exc:
-        return _refuse(request, f"Refused: {exc}")
-    except RpcError as exc:
-        if _wants_json(request):
-            return JsonResponse({"error": {"code": "invalid", "message": exc.message}}, status=400)
-        messages.error(request, f"Steer refused: {exc.message}")
-        return redirect("run", run.run_id)
-    if answer["outcome"] == "injected":
-        text = "Steer injected: the message was queued for the running turn."
-        level = messages.SUCCESS
-    else:
-        text = f"Steer not delivered: {answer['outcome']} ({answer.get('reason', '')})."
-        level = messages.WARNING
-    return _done(request, run, answer, text, level)
+    return _done(request, run, text)
 
 
 @require_POST
@@ -415,8 +310,6 @@ def lease_release(request, pk):
     text = f"Lease {lease.lease_id} {report['state']}" + (
         f"; waiting for {len(pending)} child run(s) to stop" if pending else ""
     )
-    if _wants_json(request):
-        return JsonResponse(report)
     messages.success(request, text)
     target = request.POST.get("next", "")
     if target.startswith("/") and not target.startswith("//"):
@@ -432,29 +325,7 @@ def lease_release(request, pk):
 @require_GET
 @viewer_required
 def runners(request):
-    rows = []
-    running = dict(
-        Run.objects.filter(status=RunStatus.RUNNING)
-        .values("runner_id")
-        .annotate(n=Count("id"))
-        .values_list("runner_id", "n")
-    )
-    leases = dict(
-        Lease.objects.filter(state=LeaseState.ACTIVE)
-        .values("runner_id")
-        .annotate(n=Count("id"))
-        .values_list("runner_id", "n")
-    )
-    for runner in Runner.objects.prefetch_related("presets").order_by("name"):
-        rows.append(
-            {
-                "runner": runner,
-                "presets": list(runner.presets.all()),
-                "running": running.get(runner.pk, 0),
-                "leases": leases.get(runner.pk, 0),
-                "last_seen_ms": _ms(runner.last_seen_at),
-            }
-        )
+    rows = selectors.runner_overview()
     return render(request, "runners.html", _context(request, rows=rows))
 
 
@@ -462,33 +333,28 @@ def runners(request):
 @viewer_required
 def audit(request):
     params = request.GET
-    entries = AuditEntry.objects.all()
     f = {
         key: params.get(key, "").strip()
         for key in ("actor", "action", "via", "target", "outcome", "since")
     }
-    if f["actor"]:
-        entries = entries.filter(actor__icontains=f["actor"])
-    if f["action"]:
-        entries = entries.filter(action=f["action"])
-    if f["via"]:
-        entries = entries.filter(via=f["via"])
-    if f["target"]:
-        entries = entries.filter(target_id__icontains=f["target"])
-    if f["outcome"]:
-        entries = entries.filter(outcome__icontains=f["outcome"])
-    if f["since"] in SINCE_DELTAS:
-        entries = entries.filter(created_at__gte=timezone.now() - SINCE_DELTAS[f["since"]])
-    page = Paginator(entries.order_by("-created_at", "-id"), AUDIT_PER_PAGE).get_page(
-        params.get("page")
+    entries = selectors.audit_entries(
+        actor=f["actor"],
+        action=f["action"],
+        via=f["via"],
+        target_id=f["target"],
+        outcome=f["outcome"],
+        created_after=(
+            timezone.now() - SINCE_DELTAS[f["since"]] if f["since"] in SINCE_DELTAS else None
+        ),
     )
+    page = Paginator(entries, AUDIT_PER_PAGE).get_page(params.get("page"))
     query_string = params.copy()
     query_string.pop("page", None)
     context = _context(
         request,
         page=page,
         f=f,
-        actions=AuditEntry.objects.values_list("action", flat=True).distinct().order_by("action"),
+        actions=selectors.audit_actions(),
         vias=[v.value for v in AuditEntry.Via],
         since_choices=SINCE_CHOICES,
         query_string=query_string.urlencode(),

@@ -6,6 +6,7 @@ so the pages read what the engine really writes.
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -42,6 +43,12 @@ def csrf(client: Client, path: str) -> str:
     match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.content.decode())
     assert match, "the page has no CSRF-protected form"
     return match.group(1)
+
+
+def api_post(client: Client, path: str, body: dict, token: str):
+    return client.post(
+        path, json.dumps(body), content_type="application/json", HTTP_X_CSRFTOKEN=token
+    )
 
 
 async def make_tree(runner):
@@ -205,22 +212,23 @@ async def test_it_steers_and_releases_a_lease_through_the_services(runner):
     def act():
         operator = persona("olga", "operator")
         token = csrf(operator, f"/runs/{child}/")
-        response = operator.post(
-            f"/runs/{child}/steer/",
-            {"message": "focus on tests", "request_id": "s-1", "csrfmiddlewaretoken": token},
-            follow=True,
+        # The run page's steer box posts here, with the session cookie and the page's token.
+        response = api_post(
+            operator,
+            f"/api/runs/{child}/steer",
+            {"message": "focus on tests", "requestId": "s-1"},
+            token,
         )
-        assert "Steer injected" in response.content.decode()
+        assert response.status_code == 200 and response.json()["outcome"] == "injected"
         steer = Event.objects.get(run__run_id=child, kind="steer")
         assert steer.actor == "user:olga" and steer.text == "focus on tests"
         assert AuditEntry.objects.filter(action="steer", outcome="injected").count() == 1
         # Blank message: refused by the service, with its message.
-        response = operator.post(
-            f"/runs/{child}/steer/",
-            {"message": "  ", "request_id": "s-2", "csrfmiddlewaretoken": token},
-            follow=True,
+        response = api_post(
+            operator, f"/api/runs/{child}/steer", {"message": "  ", "requestId": "s-2"}, token
         )
-        assert "Steer refused: message: must not be blank" in response.content.decode()
+        assert response.status_code == 422
+        assert "message: must not be blank" in response.json()["error"]["message"]
         lease = Lease.objects.get(lease_id="lease-1")
         response = operator.post(
             f"/leases/{lease.pk}/release/", {"csrfmiddlewaretoken": token}, follow=True
@@ -243,7 +251,6 @@ async def test_it_refuses_a_viewers_forged_actions_with_a_clear_message(runner):
         lease = Lease.objects.get(lease_id="lease-1")
         attempts = [
             (f"/runs/{child}/cancel/", {"cascade": "1"}),
-            (f"/runs/{child}/steer/", {"message": "hi", "request_id": "x"}),
             (f"/leases/{lease.pk}/release/", {}),
         ]
         for path, data in attempts:
@@ -251,13 +258,17 @@ async def test_it_refuses_a_viewers_forged_actions_with_a_clear_message(runner):
             assert response.status_code == 403, path
             body = response.content.decode()
             assert "Refused: user:vera has role viewer" in body and "needs operator" in body
-        response = viewer.post(
-            f"/runs/{child}/cancel/",
-            {"csrfmiddlewaretoken": token},
-            HTTP_ACCEPT="application/json",
-        )
-        assert response.status_code == 403
-        assert response.json()["error"]["code"] == "forbidden"
+        # The JSON surface is the REST API, with the same session and token.
+        for path, data in (
+            (f"/api/runs/{child}/steer", {"message": "hi", "requestId": "x"}),
+            (f"/api/runs/{child}/cancel", {}),
+        ):
+            response = api_post(viewer, path, data, token)
+            assert response.status_code == 403, path
+            error = response.json()["error"]
+            assert error["code"] == "forbidden", path
+            assert "user:vera has role viewer" in error["message"], path
+            assert "needs operator" in error["message"], path
         assert not Run.objects.filter(cancel_requested_at__isnull=False).exists()
         assert not Event.objects.filter(kind="steer").exists()
         assert Lease.objects.get(lease_id="lease-1").state == "active"
