@@ -4,11 +4,19 @@
 from datetime import timedelta
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 
 from delegation import services
-from delegation.models import Run
-from tests.test_api_support import as_, emit, people, start_child, world  # noqa: F401
+from delegation.models import AuditEntry, Run
+from tests.test_api_support import (  # noqa: F401
+    as_,
+    emit,
+    make_user,
+    people,
+    start_child,
+    world,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -249,3 +257,40 @@ def test_it_answers_json_for_unknown_paths_and_methods(api, world):
     wrong = api.client.delete("/api/runs/root-1", headers=api.headers)
     assert wrong.status_code == 405
     assert wrong.json()["error"]["code"] == "method_not_allowed" and wrong["Allow"] == "GET"
+
+
+def test_it_searches_runs_and_filters_audit_with_the_dashboards_meaning(api, world):
+    """One set of selectors behind /api/runs?q=, /trees/?q=, /api/audit and /audit/."""
+    done = world.finished["runId"]
+    dashboard = Client()
+    dashboard.force_login(make_user("dana", "viewer"))
+    # Text search covers the run's output and runId too, not only its events' text.
+    assert run_ids(api.get("/api/runs", {"q": "ALL DONE"})) == {done}
+    assert run_ids(api.get("/api/runs", {"q": done.upper()})) == {done}
+    trees = dashboard.get("/trees/", {"q": "all done"}).content.decode()
+    assert 'data-tree-id="root-1"' in trees
+    assert (
+        'data-tree-id="root-1"' not in dashboard.get("/trees/", {"q": "nowhere"}).content.decode()
+    )
+
+    for target, outcome in (("root-2", "refused: needs operator"), ("root-20", "requested")):
+        AuditEntry.objects.create(
+            actor="user:olga",
+            via="dashboard",
+            action="cancel",
+            target_type="run",
+            target_id=target,
+            outcome=outcome,
+        )
+    # actor and outcome: case-insensitive substrings; target: exact (root-2 is not root-20).
+    by_actor = api.get("/api/audit", {"actor": "OLGA"}).json()["items"]
+    assert {e["targetId"] for e in by_actor} == {"root-2", "root-20"}
+    refused = api.get("/api/audit", {"outcome": "refused"}).json()["items"]
+    assert [e["targetId"] for e in refused] == ["root-2"]
+    by_target = api.get("/api/audit", {"target_id": "root-2"}).json()["items"]
+    assert [e["targetId"] for e in by_target] == ["root-2"]
+    page = dashboard.get("/audit/", {"target": "root-2", "actor": "OLGA"}).content.decode()
+    assert ">root-2</a>" in page and ">root-20</a>" not in page
+    page = dashboard.get("/audit/", {"outcome": "refused"}).content.decode()
+    assert 'data-outcome="refused: needs operator"' in page
+    assert 'data-outcome="requested"' not in page
