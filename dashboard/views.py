@@ -18,7 +18,7 @@ from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.core.paginator import Paginator
 from django.http import Http404
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
@@ -27,7 +27,6 @@ from delegation import roles, selectors
 from delegation.errors import PermissionRefused, RpcError
 from delegation.models import (
     AuditEntry,
-    Lease,
     Run,
     RunStatus,
 )
@@ -299,7 +298,9 @@ def run_cancel(request, run_id):
 @require_POST
 @signed_in
 def lease_release(request, pk):
-    lease = get_object_or_404(Lease.objects.select_related("parent_run", "runner"), pk=pk)
+    lease = selectors.get_lease(pk)
+    if lease is None:
+        raise Http404(f"no lease {pk}")
     try:
         report = do_release_lease(_actor(request), lease)
     except PermissionRefused as exc:

@@ -25,7 +25,7 @@ from dashboard.api.schemas import (
     cursor_param,
 )
 from delegation import selectors, services
-from delegation.models import AuditEntry, Lease, LeaseState
+from delegation.models import AuditEntry, LeaseState
 
 router = Router()
 
@@ -176,7 +176,7 @@ def get_lease(request, id: IdParam):  # noqa: A002
 )
 @strict_query(NoParams)
 def release_lease(request, id: IdParam, body: ReleaseBody = ReleaseBody()):  # noqa: A002, B008
-    lease = Lease.objects.filter(pk=id).first()
+    lease = selectors.get_lease(id)
     if lease is None:
         raise Http404(f"id: no lease {id}")
     return services.do_release_lease(actor_for(request), lease)

@@ -16,7 +16,7 @@ from delegation.selectors.events import (
     live_events_after,
     millis,
 )
-from delegation.selectors.leases import leases_held_by, leases_matching
+from delegation.selectors.leases import get_lease, leases_held_by, leases_matching
 from delegation.selectors.runners import (
     presets_of_runner,
     run_counts_of_runner,
@@ -71,6 +71,7 @@ __all__ = [
     "event_wire",
     "events_after",
     "get_run",
+    "get_lease",
     "get_run_by_pk",
     "leases_held_by",
     "leases_matching",

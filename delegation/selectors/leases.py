@@ -44,3 +44,8 @@ def leases_matching(
 
 def leases_held_by(run: Run) -> list[Lease]:
     return list(Lease.objects.filter(parent_run=run).select_related("runner"))
+
+
+def get_lease(lease_pk: int) -> Lease | None:
+    """A lease with its holder run and runner, for the release actions."""
+    return Lease.objects.select_related("parent_run", "runner").filter(pk=lease_pk).first()
