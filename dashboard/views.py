@@ -1,8 +1,10 @@
 """The operator dashboard's pages and actions.
 
 Pages render what the database holds at request time; the browser then subscribes to
-``/ws/live/`` (see ``dashboard.live``) and applies changes as they commit. Every action goes
-through the engine's operator services (``do_cancel_run``, ``do_steer_run``,
+``/ws/live/`` (see ``dashboard.live``) and applies changes as they commit. Reads go through
+``delegation.selectors``. Cancel and release are plain form posts here; the run page's steer
+box posts to the REST API (``/api/runs/{runId}/steer``), the one JSON action surface. Every
+action goes through the engine's operator services (``do_cancel_run``, ``do_steer_run``,
 ``do_release_lease``), which check the role and write the audit entry, so a cancel from here is
 the same cancel as one from the admin, the REST API or a runner. A refused action answers 403
 with the service's message (and the refusal is audited by the service).
