@@ -1,5 +1,9 @@
 """The live socket for operators, ``/ws/live/`` (SPEC §7).
 
+Modules: ``frames`` (the frames in and out, parsed strictly), ``gate`` (Origin, session and
+bearer-token checks), ``consumer`` (subscriptions, catch-up, heartbeats). Reads come from
+``delegation.selectors``; close codes and bearer parsing from ``delegation.protocol``.
+
 Authentication: the browser's Django session (the handshake's ``Origin`` must be one of
 ``ALLOWED_HOSTS``), or ``Authorization: Bearer <api token>`` for scripts (a browser cannot
 set that header, so a token handshake needs no Origin; one that sends an Origin still has it
