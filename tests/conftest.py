@@ -291,7 +291,7 @@ DEFAULT_EXTENSION = {
 
 
 def application():
-    from dashboard.asgi import application as app
+    from canopy.asgi import application as app
 
     return app
 

@@ -6,7 +6,7 @@ import re
 import pytest
 from channels.testing import ApplicationCommunicator
 
-from dashboard.asgi import application
+from canopy.asgi import application
 
 
 async def fetch(path: str) -> tuple[int, dict, bytes]:

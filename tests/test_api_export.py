@@ -121,10 +121,10 @@ def test_it_pages_exports_across_runs_and_page_boundaries(world):
 async def test_it_streams_through_the_production_asgi_application(monkeypatch):
     """Daphne serves Django through ASGI, where a synchronous iterator would be read whole
     into a list before the first byte is sent; the export must hand it an async one. Driven
-    through dashboard.asgi.application: the first bytes leave before most pages are read."""
+    through canopy.asgi.application: the first bytes leave before most pages are read."""
     from channels.testing import ApplicationCommunicator
 
-    from dashboard.asgi import application
+    from canopy.asgi import application
 
     def setup():
         world = build_world()

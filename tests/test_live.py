@@ -40,7 +40,7 @@ def _token(name: str, role: str | None) -> str:
 
 
 def live_socket(headers) -> WebsocketCommunicator:
-    from dashboard.asgi import application
+    from canopy.asgi import application
 
     return WebsocketCommunicator(application, "/ws/live/", headers=headers)
 
