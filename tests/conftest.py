@@ -13,6 +13,7 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 
 from delegation import services
+from tests.personas import admin, operator, outsider, people, viewer  # noqa: F401  (fixtures)
 
 
 def pytest_configure(config):

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from delegation import services
 from delegation.models import Run
-from tests.test_api_support import as_, emit, people, start_child, world  # noqa: F401
+from tests.test_api_support import as_, emit, start_child, world  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 
@@ -235,9 +235,9 @@ def test_it_lists_sessions_leases_runners_and_audit(api, as_, world):
     operator.post(f"/api/runs/{world.leased['runId']}/steer", {"requestId": "r1", "message": "hi"})
     entries = api.get("/api/audit").json()["items"]
     assert [e["action"] for e in entries] == ["steer", "cancel"]
-    cancel = api.get("/api/audit", {"action": "cancel", "user": "otto"}).json()["items"]
+    cancel = api.get("/api/audit", {"action": "cancel", "user": "olga"}).json()["items"]
     assert cancel[0]["reason"] == "enough" and cancel[0]["via"] == "api"
-    assert cancel[0]["targetId"] == world.child["runId"] and cancel[0]["actor"] == "user:otto"
+    assert cancel[0]["targetId"] == world.child["runId"] and cancel[0]["actor"] == "user:olga"
     by_target = api.get("/api/audit", {"target_id": world.leased["runId"]}).json()["items"]
     assert [e["action"] for e in by_target] == ["steer"]
     assert api.get("/api/audit", {"via": "runner"}).json()["items"] == []
