@@ -13,7 +13,14 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 
 from delegation import services
-from tests.personas import admin, operator, outsider, people, viewer  # noqa: F401  (fixtures)
+from tests.personas import (  # noqa: F401  (fixtures)
+    admin,
+    operator,
+    operator_token,
+    outsider,
+    people,
+    viewer,
+)
 
 
 def pytest_configure(config):

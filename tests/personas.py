@@ -84,6 +84,12 @@ def outsider(db) -> User:
 
 
 @pytest.fixture
+def operator_token(operator) -> str:
+    """An API token of the operator, made before the test body (and any server) runs."""
+    return api_token(operator)
+
+
+@pytest.fixture
 def people(viewer, operator, admin, outsider) -> dict[str, User]:
     """All four, by persona name."""
     return {roles.VIEWER: viewer, roles.OPERATOR: operator, roles.ADMIN: admin, OUTSIDER: outsider}
