@@ -24,7 +24,7 @@ run: install
 # The server alone, without the demo runner.
 serve: install
 	$(PY) manage.py migrate --noinput
-	$(PY) -m dashboard.serving $(HOST) $(PORT)
+	$(PY) -m canopy.serving $(HOST) $(PORT)
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)

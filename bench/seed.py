@@ -15,7 +15,7 @@ import statistics
 import time
 import uuid
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "canopy.settings")
 
 import django  # noqa: E402
 

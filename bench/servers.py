@@ -5,25 +5,17 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from dashboard.serving import daphne_command
+from canopy.serving import ServerDidNotStart, free_port, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 PG_ADMIN_URL = os.environ.get("BENCH_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/9")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Database:
@@ -98,21 +90,10 @@ class Server:
     def __init__(self, db: Database, **env):
         self.port = free_port()
         self.log = open(Path(db.tmp) / f"daphne-{self.port}.log", "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            daphne_command("127.0.0.1", self.port),
-            cwd=ROOT,
-            env=db.env(**env),
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
-                return
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daphne exited; see {self.log.name}")
-            time.sleep(0.1)
-        raise RuntimeError("daphne did not start within 30 s")
+        try:
+            self.proc = start_server("127.0.0.1", self.port, env=db.env(**env), output=self.log)
+        except ServerDidNotStart as failure:
+            raise RuntimeError(f"{failure}; see {self.log.name}") from None
 
     @property
     def http(self) -> str:
@@ -129,9 +110,5 @@ class Server:
         return float("nan")
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_server(self.proc)
         self.log.close()

@@ -1,10 +1,10 @@
-from django.contrib import admin
+"""The dashboard's pages and its REST API; ``canopy/urls.py`` mounts them at the root."""
+
 from django.urls import path
 
 from dashboard import views
 
 urlpatterns = [
-    path("admin/", admin.site.urls),
     path("api/", ("dashboard.api.urls", "api", "api")),
     path("", views.home, name="home"),
     path("login/", views.LoginView.as_view(), name="login"),

@@ -13,6 +13,14 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 
 from delegation import services
+from tests.personas import (  # noqa: F401  (fixtures)
+    admin,
+    operator,
+    operator_token,
+    outsider,
+    people,
+    viewer,
+)
 
 
 def pytest_configure(config):
@@ -291,7 +299,7 @@ DEFAULT_EXTENSION = {
 
 
 def application():
-    from dashboard.asgi import application as app
+    from canopy.asgi import application as app
 
     return app
 

@@ -13,8 +13,6 @@ exercises the Redis channel layer too.
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,18 +22,11 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import pytest
 from django.conf import settings
 
-from dashboard.serving import daphne_command
+from canopy.serving import ServerDidNotStart, free_port, start_server, stop_server
 
-BASE_DIR = Path(__file__).resolve().parent.parent
 SQLITE_OPTIONS = "timeout=20&transaction_mode=IMMEDIATE&init_command=" + quote(
     "PRAGMA journal_mode=WAL;PRAGMA synchronous=NORMAL;PRAGMA busy_timeout=20000;", safe=""
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def database_url() -> str:
@@ -77,7 +68,7 @@ class DaphneServer:
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["DATABASE_URL"] = database_url()
-        env["DJANGO_SETTINGS_MODULE"] = "dashboard.settings"
+        env["DJANGO_SETTINGS_MODULE"] = "canopy.settings"
         env.setdefault("RUNNER_GRACE_SECONDS", "30")
         env["PYTHONUNBUFFERED"] = "1"
         env.update(self.extra_env)
@@ -85,39 +76,23 @@ class DaphneServer:
 
     def start(self, timeout: float = 30.0) -> DaphneServer:
         assert self.process is None or self.process.poll() is not None, "already running"
-        command = daphne_command("127.0.0.1", self.port)
-        self.process = subprocess.Popen(
-            command,
-            cwd=BASE_DIR,
-            env=self.env(),
-            stdout=self.log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
         self.starts += 1
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"daphne exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"daphne did not listen on {self.port} in {timeout}s:\n{self.log()}")
+        try:
+            self.process = start_server(
+                "127.0.0.1",
+                self.port,
+                env=self.env(),
+                output=self.log_file,
+                own_session=True,
+                timeout=timeout,
+            )
+        except ServerDidNotStart as failure:
+            raise RuntimeError(f"{failure}:\n{self.log()}") from None
+        return self
 
     def stop(self, kill: bool = False, timeout: float = 10.0) -> None:
         """Stop the server: SIGKILL (a crash) with ``kill``, else SIGTERM (a clean stop)."""
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout)
+        stop_server(self.process, kill=kill, grace=timeout)
 
     def restart(self, kill: bool = False, pause: float = 0.0) -> DaphneServer:
         self.stop(kill=kill)

@@ -6,20 +6,23 @@ import pytest
 from channels.db import database_sync_to_async
 from django.apps import apps
 from django.contrib import admin
-from django.contrib.auth.models import Group, User
 from django.test import Client
 
 from delegation.models import AuditEntry, Event, Lease, Run, SteerReceipt
+from tests.personas import signed_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def staff(name: str, role: str) -> Client:
-    user = User.objects.create_user(name, password="pw", is_staff=True)
-    user.groups.add(Group.objects.get_or_create(name=role)[0])
-    client = Client()
-    client.force_login(user)
-    return client
+# Signed in before the test body (the personas are staff, as create_operator makes them).
+@pytest.fixture
+def viewer_client(viewer) -> Client:
+    return signed_in(viewer)
+
+
+@pytest.fixture
+def operator_client(operator) -> Client:
+    return signed_in(operator)
 
 
 async def make_runs(runner):
@@ -52,6 +55,7 @@ def action(client: Client, model: str, name: str, pks, **extra):
     )
 
 
+@pytest.mark.django_db
 def test_it_registers_every_model_with_filters_and_search():
     for model in apps.get_app_config("delegation").get_models():
         assert admin.site.is_registered(model), model.__name__
@@ -63,11 +67,11 @@ def test_it_registers_every_model_with_filters_and_search():
     }
 
 
-async def test_it_cancels_a_subtree_from_the_admin_with_an_audit_entry(runner):
+async def test_it_cancels_a_subtree_from_the_admin_with_an_audit_entry(runner, operator_client):
     child, grandchild = await make_runs(runner)
 
     def act():
-        client = staff("olga", "operator")
+        client = operator_client
         listing = client.get("/admin/delegation/run/?status__exact=running&depth=1")
         assert listing.status_code == 200 and child in listing.content.decode()
         assert client.get(f"/admin/delegation/run/?q={grandchild}").status_code == 200
@@ -84,11 +88,11 @@ async def test_it_cancels_a_subtree_from_the_admin_with_an_audit_entry(runner):
     await settle(runner)
 
 
-async def test_it_steers_through_the_intermediate_form_and_audits_it(runner):
+async def test_it_steers_through_the_intermediate_form_and_audits_it(runner, operator_client):
     child, _ = await make_runs(runner)
 
     def act():
-        client = staff("olga", "operator")
+        client = operator_client
         pk = Run.objects.get(run_id=child).pk
         form = action(client, "run", "steer_runs", [pk])
         body = form.content.decode()
@@ -114,19 +118,21 @@ async def test_it_steers_through_the_intermediate_form_and_audits_it(runner):
     await settle(runner)
 
 
-async def test_it_releases_a_lease_and_refuses_a_viewer_in_the_admin(runner):
+async def test_it_releases_a_lease_and_refuses_a_viewer_in_the_admin(
+    runner, viewer_client, operator_client
+):
     await make_runs(runner)
 
     def act():
         lease = Lease.objects.get(lease_id="lease-1")
-        viewer = staff("vera", "viewer")
+        viewer = viewer_client
         assert viewer.get("/admin/delegation/lease/").status_code == 200
         # The action is not offered to a viewer, and a forged post does nothing.
         assert "release_leases" not in viewer.get("/admin/delegation/lease/").content.decode()
         action(viewer, "lease", "release_leases", [lease.pk])
         lease.refresh_from_db()
         assert lease.state == "active"
-        operator = staff("olga", "operator")
+        operator = operator_client
         response = action(operator, "lease", "release_leases", [lease.pk])
         assert "lease-1: released" in response.content.decode().lower()
         lease.refresh_from_db()

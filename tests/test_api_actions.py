@@ -6,7 +6,7 @@ import pytest
 
 from delegation import services
 from delegation.models import AuditEntry, Command, Event, Lease, Run, SteerReceipt
-from tests.test_api_support import as_, people, world  # noqa: F401
+from tests.test_api_support import as_, world  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 
@@ -24,7 +24,7 @@ def test_it_cancels_a_run_through_the_engine(api, world):
     run = Run.objects.get(run_id=child)
     assert run.cancel_requested_at is not None and run.cancel_reason == "runaway"
     event = Event.objects.filter(run=run).order_by("-sequence").first()
-    assert event.kind == "cancel-requested" and event.actor == "user:otto"
+    assert event.kind == "cancel-requested" and event.actor == "user:olga"
     assert Command.objects.filter(method="run.cancel", params__runId=child).exists()
     entry = AuditEntry.objects.get(action="cancel")
     assert (entry.via, entry.target_id, entry.reason, entry.outcome) == (

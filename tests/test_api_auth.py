@@ -6,7 +6,7 @@ import pytest
 
 from delegation import services
 from delegation.models import AuditEntry
-from tests.test_api_support import AUTH_MODES, PERSONAS, as_, people, world  # noqa: F401
+from tests.test_api_support import AUTH_MODES, PERSONAS, as_, world  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 
@@ -76,7 +76,7 @@ def test_it_lets_only_operators_act(as_, world, path, body, mode, persona):
     if persona == "operator":
         assert response.status_code == 200, response.content
         entry = AuditEntry.objects.latest("id")
-        assert entry.via == "api" and entry.actor == "user:otto"
+        assert entry.via == "api" and entry.actor == "user:olga"
         assert not entry.outcome.startswith("refused")
     elif persona == "viewer":
         assert response.status_code == 403

@@ -11,9 +11,10 @@ from django.http import StreamingHttpResponse
 from django.test import AsyncClient
 
 from dashboard.api import export
-from delegation import selectors, services
+from delegation import selectors
 from delegation.models import Event, Run
-from tests.test_api_support import as_, build_world, emit, make_user, people, world  # noqa: F401
+from tests.personas import api_token
+from tests.test_api_support import as_, build_world, emit, world  # noqa: F401
 
 EVENTS = 30_000
 FRAME = 1_000
@@ -118,18 +119,18 @@ def test_it_pages_exports_across_runs_and_page_boundaries(world):
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_it_streams_through_the_production_asgi_application(monkeypatch):
+async def test_it_streams_through_the_production_asgi_application(monkeypatch, viewer):
     """Daphne serves Django through ASGI, where a synchronous iterator would be read whole
     into a list before the first byte is sent; the export must hand it an async one. Driven
-    through dashboard.asgi.application: the first bytes leave before most pages are read."""
+    through canopy.asgi.application: the first bytes leave before most pages are read."""
     from channels.testing import ApplicationCommunicator
 
-    from dashboard.asgi import application
+    from canopy.asgi import application
 
     def setup():
         world = build_world()
         emit(world.conn, "root-1", [f"line {i}" for i in range(2500)], start=5)
-        return services.create_api_token(make_user("vera", "viewer"), "t")[1]
+        return api_token(viewer)
 
     token = await sync_to_async(setup)()
     monkeypatch.setattr(export, "PAGE_SIZE", 100)
@@ -179,10 +180,10 @@ async def test_it_streams_through_the_production_asgi_application(monkeypatch):
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_it_hands_asgi_an_asynchronous_iterator():
+async def test_it_hands_asgi_an_asynchronous_iterator(viewer):
     def setup():
         build_world()
-        return services.create_api_token(make_user("vera", "viewer"), "t")[1]
+        return api_token(viewer)
 
     token = await sync_to_async(setup)()
     response = await AsyncClient().get(

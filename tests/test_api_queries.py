@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from delegation import services
 from delegation.models import AuditEntry, Event, Lease, Run, Session
-from tests.test_api_support import as_, people  # noqa: F401
+from tests.test_api_support import as_  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

@@ -9,14 +9,7 @@ from django.utils import timezone
 
 from delegation import services
 from delegation.models import AuditEntry, Run
-from tests.test_api_support import (  # noqa: F401
-    as_,
-    emit,
-    make_user,
-    people,
-    start_child,
-    world,
-)
+from tests.test_api_support import as_, emit, start_child, world  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 
@@ -243,9 +236,9 @@ def test_it_lists_sessions_leases_runners_and_audit(api, as_, world):
     operator.post(f"/api/runs/{world.leased['runId']}/steer", {"requestId": "r1", "message": "hi"})
     entries = api.get("/api/audit").json()["items"]
     assert [e["action"] for e in entries] == ["steer", "cancel"]
-    cancel = api.get("/api/audit", {"action": "cancel", "user": "otto"}).json()["items"]
+    cancel = api.get("/api/audit", {"action": "cancel", "user": "olga"}).json()["items"]
     assert cancel[0]["reason"] == "enough" and cancel[0]["via"] == "api"
-    assert cancel[0]["targetId"] == world.child["runId"] and cancel[0]["actor"] == "user:otto"
+    assert cancel[0]["targetId"] == world.child["runId"] and cancel[0]["actor"] == "user:olga"
     by_target = api.get("/api/audit", {"target_id": world.leased["runId"]}).json()["items"]
     assert [e["action"] for e in by_target] == ["steer"]
     assert api.get("/api/audit", {"via": "runner"}).json()["items"] == []
@@ -259,11 +252,11 @@ def test_it_answers_json_for_unknown_paths_and_methods(api, world):
     assert wrong.json()["error"]["code"] == "method_not_allowed" and wrong["Allow"] == "GET"
 
 
-def test_it_searches_runs_and_filters_audit_with_the_dashboards_meaning(api, world):
+def test_it_searches_runs_and_filters_audit_with_the_dashboards_meaning(api, world, viewer):
     """One set of selectors behind /api/runs?q=, /trees/?q=, /api/audit and /audit/."""
     done = world.finished["runId"]
     dashboard = Client()
-    dashboard.force_login(make_user("dana", "viewer"))
+    dashboard.force_login(viewer)
     # Text search covers the run's output and runId too, not only its events' text.
     assert run_ids(api.get("/api/runs", {"q": "ALL DONE"})) == {done}
     assert run_ids(api.get("/api/runs", {"q": done.upper()})) == {done}

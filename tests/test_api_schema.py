@@ -15,8 +15,8 @@ from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
 
-from delegation import services
-from tests.test_api_support import build_world, make_user
+from tests.personas import api_token
+from tests.test_api_support import build_world
 
 MAX_EXAMPLES = 20
 
@@ -47,12 +47,12 @@ _current = {}
 
 
 @pytest.fixture
-def operator_world(db):
+def operator_world(operator):
     """The world each operation's examples run against, and an operator's API token. After
     the examples, it checks that some were answered 2xx: a wrong token would answer 401 to
     everything, which every check accepts."""
     world = build_world()
-    _, _current["token"] = services.create_api_token(make_user("otto", "operator"), "st")
+    _current["token"] = api_token(operator)
     _current["statuses"] = []
     yield world
     statuses = _current.pop("statuses")

@@ -1,4 +1,4 @@
-"""Shared helpers for the REST API tests: personas, auth modes, and a small world built
+"""Shared helpers for the REST API tests: auth modes for the personas, and a small world built
 through the engine's real services (a registered runner, a tree with a lease and events)."""
 
 from __future__ import annotations
@@ -7,22 +7,15 @@ import json
 from dataclasses import dataclass, field
 
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.test import Client
 
 from delegation import services
 from tests.conftest import DEFAULT_EXTENSION
+from tests.personas import api_token, signed_in
 
 PERSONAS = ("viewer", "operator", "outsider")
 AUTH_MODES = ("session", "token")
-
-
-def make_user(username: str, role: str | None) -> User:
-    user = User.objects.create_user(username=username)  # no password: no slow hashing
-    if role is not None:
-        # get_or_create: a transactional test's flush removes the migration's groups.
-        user.groups.add(Group.objects.get_or_create(name=role)[0])
-    return user
 
 
 class Api:
@@ -31,13 +24,13 @@ class Api:
     def __init__(self, user: User | None, mode: str | None, csrf: bool = False):
         self.user = user
         self.mode = mode
-        self.client = Client(enforce_csrf_checks=csrf)
         self.headers: dict[str, str] = {}
         if user is not None and mode == "session":
-            self.client.force_login(user)
-        elif user is not None and mode == "token":
-            _, token = services.create_api_token(user, "test")
-            self.headers["Authorization"] = f"Bearer {token}"
+            self.client = signed_in(user, csrf=csrf)
+        else:
+            self.client = Client(enforce_csrf_checks=csrf)
+        if user is not None and mode == "token":
+            self.headers["Authorization"] = f"Bearer {api_token(user)}"
 
     def get(self, path: str, params=None, **kw):
         return self.client.get(path, params or {}, headers={**self.headers, **kw})
@@ -135,18 +128,9 @@ def world(db) -> World:
 
 
 @pytest.fixture
-def people(db) -> dict[str, User]:
-    return {
-        "viewer": make_user("vera", "viewer"),
-        "operator": make_user("otto", "operator"),
-        "outsider": make_user("oscar", None),
-        "admin": make_user("ada", "admin"),
-    }
-
-
-@pytest.fixture
 def as_(people):
-    """``as_(persona, mode)``: an Api client for that persona ("anonymous" has no mode)."""
+    """``as_(persona, mode)``: an Api client for that persona of ``tests.personas``
+    ("anonymous" has no mode)."""
 
     def make(persona: str, mode: str | None = "token", csrf: bool = False) -> Api:
         user = None if persona == "anonymous" else people[persona]

@@ -10,24 +10,18 @@ import os
 import re
 
 import pytest
-from django.contrib.auth.models import Group, User
 
 from delegation import services
 from delegation.models import AuditEntry, Event, Lease, Run
 from tests.browser import CHROMIUM, ScriptedRunner, launch, screenshot_name, sequences, sign_in
 from tests.live_server import daphne_factory  # noqa: F401  (fixture)
+from tests.personas import PASSWORD
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium package"),
     pytest.mark.timeout(180),
 ]
-
-
-def person(name: str, role: str, staff: bool = False):
-    user = User.objects.create_user(name, password="pw", is_staff=staff)
-    user.groups.add(Group.objects.get_or_create(name=role)[0])
-    return user
 
 
 @pytest.fixture
@@ -85,10 +79,9 @@ def wait_status(page, run_id: str, status: str, scope: str = ""):
     page.wait_for_selector(f'{scope} [data-run-id="{run_id}"][data-status="{status}"]')
 
 
-def test_it_signs_in_watches_a_tree_grow_and_a_run_stream_live(server, runner, browser):
-    person("olga", "operator")
+def test_it_signs_in_watches_a_tree_grow_and_a_run_stream_live(server, runner, browser, operator):
     page = browser()
-    sign_in(page, server.http_url, "olga", "pw")
+    sign_in(page, server.http_url, operator.username, PASSWORD)
     page.wait_for_selector("#live-state[data-state=live]")
     runner.open("root-1")
     # The overview inserts the new tree live.
@@ -122,13 +115,12 @@ def test_it_signs_in_watches_a_tree_grow_and_a_run_stream_live(server, runner, b
     assert "provider rate limited" in page.text_content('#events [data-sequence="9"]')
 
 
-def test_it_steers_a_running_child_and_cancels_a_subtree(server, runner, browser):
-    person("olga", "operator")
+def test_it_steers_a_running_child_and_cancels_a_subtree(server, runner, browser, operator):
     runner.open("root-1")
     child = runner.child("root-1", "c1", "write the parser")["runId"]
     grandchildren = [runner.child(child, f"g{i}", f"part {i}")["runId"] for i in range(2)]
     page = browser()
-    sign_in(page, server.http_url, "olga", "pw")
+    sign_in(page, server.http_url, operator.username, PASSWORD)
     page.goto(f"{server.http_url}/runs/{child}/")
     page.wait_for_selector('#events [data-sequence="1"]')
     # A reload would drop this marker and replay the stream from the first event.
@@ -175,12 +167,11 @@ def test_it_steers_a_running_child_and_cancels_a_subtree(server, runner, browser
     assert AuditEntry.objects.get(action="steer").outcome == "injected"
 
 
-def test_it_shows_a_viewer_no_controls_and_refuses_a_forged_action(server, runner, browser):
-    person("vera", "viewer")
+def test_it_shows_a_viewer_no_controls_and_refuses_a_forged_action(server, runner, browser, viewer):
     runner.open("root-1")
     child = runner.child("root-1", "c1")["runId"]
     page = browser()
-    sign_in(page, server.http_url, "vera", "pw")
+    sign_in(page, server.http_url, viewer.username, PASSWORD)
     page.goto(f"{server.http_url}/runs/{child}/")
     page.wait_for_selector('#events [data-sequence="1"]')
     for control in ("cancel", "cancel-subtree", "steer", "release-lease"):
@@ -210,12 +201,11 @@ def test_it_shows_a_viewer_no_controls_and_refuses_a_forged_action(server, runne
 
 
 def test_it_shows_every_event_once_in_order_across_a_dropped_socket_and_a_restart(
-    server, runner, browser
+    server, runner, browser, operator
 ):
-    person("olga", "operator")
     runner.open("root-1")
     page = browser()
-    sign_in(page, server.http_url, "olga", "pw")
+    sign_in(page, server.http_url, operator.username, PASSWORD)
     page.goto(f"{server.http_url}/runs/root-1/")
     page.wait_for_selector("#live-state[data-state=live]")
     page.evaluate(
@@ -255,12 +245,13 @@ def test_it_shows_every_event_once_in_order_across_a_dropped_socket_and_a_restar
     assert page.evaluate("() => window.canopyLive.connects") >= 3
 
 
-def test_it_runs_admin_actions_and_the_steer_form_with_audit_entries(server, runner, browser):
-    person("olga", "operator", staff=True)
+def test_it_runs_admin_actions_and_the_steer_form_with_audit_entries(
+    server, runner, browser, operator
+):
     runner.open("root-1")
     child = runner.child("root-1", "c1", lease_id="lease-1")["runId"]
     page = browser()
-    sign_in(page, server.http_url, "olga", "pw")
+    sign_in(page, server.http_url, operator.username, PASSWORD)
     page.goto(f"{server.http_url}/admin/delegation/run/?q={child}")
     page.check(f'input[name=_selected_action][value="{Run.objects.get(run_id=child).pk}"]')
     page.select_option("select[name=action]", "steer_runs")
@@ -334,12 +325,11 @@ def _big_tree(total_target: int = 10_000) -> tuple[str, int]:
     return root.run_id, index
 
 
-def test_it_keeps_a_tree_of_ten_thousand_runs_usable(server, runner, browser):
-    person("olga", "operator")
+def test_it_keeps_a_tree_of_ten_thousand_runs_usable(server, runner, browser, operator):
     root_id, total = _big_tree()
     assert total >= 10_000
     page = browser()
-    sign_in(page, server.http_url, "olga", "pw")
+    sign_in(page, server.http_url, operator.username, PASSWORD)
     page.goto(f"{server.http_url}/trees/{root_id}/")
     page.wait_for_selector('#tree [data-run-id="big-1"]', timeout=30000)
     assert page.text_content("#tree-stats [data-role=total]") == str(total)

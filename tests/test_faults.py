@@ -43,7 +43,6 @@ from tests.fault_tools import (
     api,
     assert_gap_free,
     eventually,
-    make_operator,
     make_runner,
     rss_mb,
     run_row,
@@ -142,11 +141,10 @@ def live_url(server) -> str:
     return f"ws://127.0.0.1:{server.port}/ws/live/"
 
 
-async def setup_people(runner_name: str) -> tuple[str, str]:
+async def setup_people(runner_name: str, operator_token: str) -> tuple[str, str]:
     """(runner token, operator API token)"""
     token = await sync_to_async(make_runner)(runner_name)
-    operator = await sync_to_async(make_operator)()
-    return token, operator
+    return token, operator_token
 
 
 class Producer:
@@ -215,12 +213,12 @@ async def assert_live_matches(live: LiveClient, run_id: str, events: list[dict],
 
 @needs_scale_out
 async def test_it_fails_over_to_the_other_process_when_one_is_killed_mid_stream(
-    daphne_factory, proxies, live_clients
+    daphne_factory, proxies, live_clients, operator_token
 ):
     env = {"LIVE_HEARTBEAT_SECONDS": 60, "OUTBOX_RESEND_SECONDS": 60}
     a, b = daphne_factory(**env), daphne_factory(**env)
     balancer = proxies(a.port)  # one address in front of both, as a load balancer would be
-    token, operator = await setup_people("failover-runner")
+    token, operator = await setup_people("failover-runner", operator_token)
     total = 300
 
     async with RecordingRunner(balancer.ws_url(), token) as runner:
@@ -260,10 +258,10 @@ async def test_it_fails_over_to_the_other_process_when_one_is_killed_mid_stream(
 
 
 async def test_it_loses_nothing_when_its_only_process_is_killed_and_restarted_on_the_same_port(
-    daphne_factory, live_clients
+    daphne_factory, live_clients, operator_token
 ):
     server = daphne_factory(LIVE_HEARTBEAT_SECONDS=1)
-    token, operator = await setup_people("restart-runner")
+    token, operator = await setup_people("restart-runner", operator_token)
     total = 240
 
     async with RecordingRunner(server.ws_url, token) as runner:
@@ -310,10 +308,10 @@ def redis_servers(daphne_factory, redis: RedisServer, **env):
 
 @needs_redis_server
 async def test_it_loses_nothing_when_redis_restarts_mid_stream(
-    daphne_factory, private_redis, live_clients
+    daphne_factory, private_redis, live_clients, operator_token
 ):
     a, b = redis_servers(daphne_factory, private_redis)
-    token, operator = await setup_people("redis-runner")
+    token, operator = await setup_people("redis-runner", operator_token)
     total = 200
 
     async with RecordingRunner(a.ws_url, token) as runner:
@@ -343,13 +341,13 @@ async def test_it_loses_nothing_when_redis_restarts_mid_stream(
 
 @needs_redis_server
 async def test_it_keeps_serving_runners_and_live_sockets_from_the_database_while_redis_is_down(
-    daphne_factory, private_redis, live_clients
+    daphne_factory, private_redis, live_clients, operator_token
 ):
     """SPEC §8: the database is the record, the channel layer only rings the doorbell. While
     Redis is down a runner still stores its events and an open live socket still gets them
     (its heartbeat catch-up reads the database); only promptness may suffer."""
     a, b = redis_servers(daphne_factory, private_redis)
-    token, operator = await setup_people("outage-runner")
+    token, operator = await setup_people("outage-runner", operator_token)
 
     async with RecordingRunner(a.ws_url, token) as runner:
         await runner.client.open_run("conv-outage", "outage-run")
@@ -474,7 +472,7 @@ class PgFaults:
 
 @needs_postgres
 async def test_it_answers_a_request_cut_off_from_postgresql_with_an_error_and_serves_the_next(
-    daphne_factory, live_clients
+    daphne_factory, live_clients, operator_token
 ):
     name = "canopy-fault-server"
     url = live_server.database_url()
@@ -483,7 +481,7 @@ async def test_it_answers_a_request_cut_off_from_postgresql_with_an_error_and_se
         LIVE_HEARTBEAT_SECONDS=1,
         CONN_MAX_AGE=60,  # persistent connections, the kind that go stale
     )
-    token, operator = await setup_people("pg-runner")
+    token, operator = await setup_people("pg-runner", operator_token)
     faults = await asyncio.to_thread(PgFaults, name)
     try:
         async with RecordingRunner(server.ws_url, token) as runner:
@@ -744,10 +742,10 @@ async def test_it_expires_a_lease_while_its_runner_is_away_and_tells_the_runner_
 
 
 async def test_it_keeps_a_stalled_live_client_from_slowing_others_or_growing_server_memory(
-    daphne_factory, live_clients
+    daphne_factory, live_clients, operator_token
 ):
     server = daphne_factory(LIVE_HEARTBEAT_SECONDS=1)
-    token, operator = await setup_people("busy-runner")
+    token, operator = await setup_people("busy-runner", operator_token)
     # 3,000 events, about 90 MB of text: buffering it all would dwarf the allocator's own
     # growth from handling that much (20-35 MB here), so the memory check is not noise.
     batches, per_batch, size = 150, 20, 30_000

@@ -12,46 +12,33 @@ import json
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
-from django.contrib.auth.models import Group, User
-from django.test import Client
 
 from dashboard.live import frames as live_frames
 from delegation import notify, protocol, services
+from tests.personas import api_token, session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ORIGIN = (b"origin", b"http://127.0.0.1")
 
 
-def _user(name: str, role: str | None):
-    user = User.objects.create_user(name, password="pw")
-    if role:
-        user.groups.add(Group.objects.get_or_create(name=role)[0])
-    return user
-
-
-def _session_cookie(name: str, role: str | None) -> bytes:
-    client = Client()
-    client.force_login(_user(name, role))
-    return f"sessionid={client.cookies['sessionid'].value}".encode()
-
-
-def _token(name: str, role: str | None) -> str:
-    return services.create_api_token(_user(name, role))[1]
-
-
 def live_socket(headers) -> WebsocketCommunicator:
-    from dashboard.asgi import application
+    from canopy.asgi import application
 
     return WebsocketCommunicator(application, "/ws/live/", headers=headers)
 
 
-async def operator_socket(role="operator", name="olga") -> WebsocketCommunicator:
-    cookie = await database_sync_to_async(_session_cookie)(name, role)
+async def operator_socket(operator) -> WebsocketCommunicator:
+    """A live socket on a fresh session of the ``operator`` persona."""
+    cookie = await database_sync_to_async(session_cookie)(operator)
     ws = live_socket([ORIGIN, (b"cookie", cookie)])
     connected, _ = await ws.connect(timeout=10)
     assert connected
     hello = await frame(ws)
-    assert hello["type"] == "hello" and hello["user"] == name and hello["role"] == role
+    assert (
+        hello["type"] == "hello"
+        and hello["user"] == operator.username
+        and hello["role"] == "operator"
+    )
     return ws
 
 
@@ -107,10 +94,10 @@ def check_frames(frames):
             model.model_validate(f)
 
 
-async def test_it_replays_from_after_then_pushes_new_events_in_order(runner):
+async def test_it_replays_from_after_then_pushes_new_events_in_order(runner, operator):
     await runner.open("root-1")
     await emit(runner, "root-1", 1, "one", "two", "three")
-    ws = await operator_socket()
+    ws = await operator_socket(operator)
     await ws.send_json_to({"type": "subscribe", "runId": "root-1", "after": 1})
     frames = await until(ws, head_reached("root-1", 3))
     await emit(runner, "root-1", 4, "four")
@@ -126,11 +113,11 @@ async def test_it_replays_from_after_then_pushes_new_events_in_order(runner):
 
 
 async def test_it_catches_up_from_the_database_when_every_doorbell_is_lost(
-    runner, settings, monkeypatch
+    runner, settings, monkeypatch, operator
 ):
     settings.LIVE_HEARTBEAT_SECONDS = 0.3
     await runner.open("root-1")
-    ws = await operator_socket()
+    ws = await operator_socket(operator)
     await ws.send_json_to({"type": "subscribe", "runId": "root-1", "after": 0})
     await until(ws, lambda f: f["type"] == "run")
 
@@ -150,9 +137,11 @@ async def test_it_catches_up_from_the_database_when_every_doorbell_is_lost(
     await ws.disconnect()
 
 
-async def test_it_reads_the_database_when_a_doorbell_with_events_goes_missing(runner, monkeypatch):
+async def test_it_reads_the_database_when_a_doorbell_with_events_goes_missing(
+    runner, monkeypatch, operator
+):
     await runner.open("root-1")
-    ws = await operator_socket()
+    ws = await operator_socket(operator)
     await ws.send_json_to({"type": "subscribe", "runId": "root-1", "after": 0})
     await until(ws, lambda f: f["type"] == "run")
     real_ring = notify.ring_collected
@@ -175,15 +164,15 @@ async def test_it_reads_the_database_when_a_doorbell_with_events_goes_missing(ru
     await ws.disconnect()
 
 
-async def test_it_resumes_after_a_dropped_socket_with_the_last_sequence(runner):
+async def test_it_resumes_after_a_dropped_socket_with_the_last_sequence(runner, operator):
     await runner.open("root-1")
     await emit(runner, "root-1", 1, "a", "b", "c")
-    ws = await operator_socket()
+    ws = await operator_socket(operator)
     await ws.send_json_to({"type": "subscribe", "runId": "root-1", "after": 0})
     first = event_sequences(await until(ws, head_reached("root-1", 3)), "root-1")
     await ws.disconnect()
     await emit(runner, "root-1", 4, "d", "e")  # written while the operator is away
-    ws = await operator_socket(name="olga2")
+    ws = await operator_socket(operator)
     await ws.send_json_to({"type": "subscribe", "runId": "root-1", "after": first[-1]})
     await emit(runner, "root-1", 6, "f")
     second = event_sequences(await until(ws, head_reached("root-1", 6)), "root-1")
@@ -206,8 +195,8 @@ async def test_it_resumes_after_a_dropped_socket_with_the_last_sequence(runner):
         ('{"type": "subscribe", "runId": "nope"}', "runId", "no run"),
     ],
 )
-async def test_it_refuses_a_bad_frame_naming_the_field(sent, field, words):
-    ws = await operator_socket()
+async def test_it_refuses_a_bad_frame_naming_the_field(sent, field, words, operator):
+    ws = await operator_socket(operator)
     await ws.send_to(text_data=sent)
     error = await frame(ws)
     assert error["type"] == "error", error
@@ -220,25 +209,25 @@ async def test_it_refuses_a_bad_frame_naming_the_field(sent, field, words):
     await ws.disconnect()
 
 
-async def test_it_checks_session_origin_role_and_bearer_tokens():
+async def test_it_checks_session_origin_role_and_bearer_tokens(operator, outsider, viewer):
     # Not signed in: accepted, then closed with 4401.
     ws = live_socket([ORIGIN])
     assert (await ws.connect(timeout=10))[0]
     assert (await ws.receive_output(timeout=5))["code"] == protocol.CLOSE_UNAUTHORIZED
     # A session from another origin (a cross-site hijack) is refused at the handshake.
-    cookie = await database_sync_to_async(_session_cookie)("olga", "operator")
+    cookie = await database_sync_to_async(session_cookie)(operator)
     ws = live_socket([(b"origin", b"http://evil.example"), (b"cookie", cookie)])
     assert not (await ws.connect(timeout=10))[0]
     # A session without an Origin header is refused too.
     ws = live_socket([(b"cookie", cookie)])
     assert not (await ws.connect(timeout=10))[0]
     # Signed in but without a role: 4403.
-    cookie = await database_sync_to_async(_session_cookie)("outsider", None)
+    cookie = await database_sync_to_async(session_cookie)(outsider)
     ws = live_socket([ORIGIN, (b"cookie", cookie)])
     assert (await ws.connect(timeout=10))[0]
     assert (await ws.receive_output(timeout=5))["code"] == protocol.CLOSE_FORBIDDEN
     # A script with an API token needs no Origin; a wrong token is refused.
-    token = await database_sync_to_async(_token)("vera", "viewer")
+    token = await database_sync_to_async(api_token)(viewer)
     ws = live_socket([(b"authorization", f"Bearer {token}".encode())])
     assert (await ws.connect(timeout=10))[0]
     hello = await frame(ws)
@@ -249,9 +238,9 @@ async def test_it_checks_session_origin_role_and_bearer_tokens():
     assert (await ws.receive_output(timeout=5))["code"] == protocol.CLOSE_UNAUTHORIZED
 
 
-async def test_it_streams_a_tree_as_it_grows_and_changes(runner):
+async def test_it_streams_a_tree_as_it_grows_and_changes(runner, operator):
     await runner.open("root-1")
-    ws = await operator_socket()
+    ws = await operator_socket(operator)
     await ws.send_json_to({"type": "subscribe", "treeId": "root-1"})
     frames = await until(ws, lambda f: f["type"] == "tree" and not f["more"])
     assert [r["runId"] for r in frames[-1]["runs"]] == ["root-1"]
@@ -273,12 +262,12 @@ async def test_it_streams_a_tree_as_it_grows_and_changes(runner):
     await ws.disconnect()
 
 
-async def test_it_marks_refused_spawns_and_cancel_requests_on_tree_rows(runner, settings):
+async def test_it_marks_refused_spawns_and_cancel_requests_on_tree_rows(runner, settings, operator):
     settings.DELEGATION_MAX_DEPTH = 1
     await runner.open("root-1")
     child = await runner.ok("child.start", runner.child_params())
     grandchild = runner.child_params(run_id=child["runId"], request_id="deep")
-    ws = await operator_socket()
+    ws = await operator_socket(operator)
     await ws.send_json_to({"type": "subscribe", "treeId": "root-1"})
     await until(ws, lambda f: f["type"] == "tree" and not f["more"])
     assert (await runner.error("child.start", grandchild))["code"] == -32010
@@ -290,13 +279,9 @@ async def test_it_marks_refused_spawns_and_cancel_requests_on_tree_rows(runner, 
         ),
     )
     assert rows
-    user = await database_sync_to_async(User.objects.create_user)("ops", password="pw")
-    await database_sync_to_async(user.groups.add)(
-        (await database_sync_to_async(Group.objects.get_or_create)(name="operator"))[0]
-    )
     run = await database_sync_to_async(services.Run.objects.get)(run_id=child["runId"])
     await database_sync_to_async(services.do_cancel_run)(
-        services.Actor.for_user(user, via="dashboard"), run, reason="test"
+        services.Actor.for_user(operator, via="dashboard"), run, reason="test"
     )
     await until(
         ws,
@@ -308,9 +293,9 @@ async def test_it_marks_refused_spawns_and_cancel_requests_on_tree_rows(runner, 
     await ws.disconnect()
 
 
-async def test_it_sends_overview_summaries_and_announces_new_trees(runner):
+async def test_it_sends_overview_summaries_and_announces_new_trees(runner, operator):
     await runner.open("root-1")
-    ws = await operator_socket()
+    ws = await operator_socket(operator)
     await ws.send_json_to({"type": "subscribe", "roots": ["root-1"], "newTrees": True})
     first = (await until(ws, lambda f: f["type"] == "summary"))[-1]
     assert first["treeId"] == "root-1" and first["runs"] == 1 and first["maxDepth"] == 0

@@ -11,10 +11,10 @@ import re
 
 import pytest
 from channels.db import database_sync_to_async
-from django.contrib.auth.models import Group, User
 from django.test import Client
 
 from delegation.models import AuditEntry, Event, Lease, Run
+from tests.personas import PASSWORD, signed_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,13 +29,20 @@ async def settle(runner, *methods):
     await asyncio.sleep(0.5)
 
 
-def persona(name: str, role: str | None) -> Client:
-    user = User.objects.create_user(name, password="pw")
-    if role:
-        user.groups.add(Group.objects.get_or_create(name=role)[0])
-    client = Client(enforce_csrf_checks=True)
-    client.force_login(user)
-    return client
+# Signed in before the test body, with CSRF checked as a browser's form posts are.
+@pytest.fixture
+def viewer_client(viewer) -> Client:
+    return signed_in(viewer, csrf=True)
+
+
+@pytest.fixture
+def operator_client(operator) -> Client:
+    return signed_in(operator, csrf=True)
+
+
+@pytest.fixture
+def outsider_client(outsider) -> Client:
+    return signed_in(outsider, csrf=True)
 
 
 def csrf(client: Client, path: str) -> str:
@@ -76,11 +83,11 @@ async def make_tree(runner):
     return child["runId"], grandchild["runId"]
 
 
-async def test_it_shows_trees_newest_first_with_counts_and_filters(runner):
+async def test_it_shows_trees_newest_first_with_counts_and_filters(runner, viewer_client):
     child, grandchild = await make_tree(runner)
 
     def check():
-        viewer = persona("vera", "viewer")
+        viewer = viewer_client
         page = viewer.get("/trees/").content.decode()
         assert page.index('data-run-id="root-2"') < page.index('data-run-id="root-1"')
         row = page[page.index('data-run-id="root-1"') :].split("</tr>")[0]
@@ -104,11 +111,13 @@ async def test_it_shows_trees_newest_first_with_counts_and_filters(runner):
     await database_sync_to_async(check)()
 
 
-async def test_it_shows_a_run_with_its_result_fields_and_role_appropriate_controls(runner):
+async def test_it_shows_a_run_with_its_result_fields_and_role_appropriate_controls(
+    runner, viewer_client, operator_client
+):
     child, grandchild = await make_tree(runner)
 
     def check():
-        operator = persona("olga", "operator")
+        operator = operator_client
         page = operator.get(f"/runs/{child}/").content.decode()
         for field in (
             "runId",
@@ -133,7 +142,7 @@ async def test_it_shows_a_run_with_its_result_fields_and_role_appropriate_contro
         root_page = operator.get("/runs/root-1/").content.decode()
         assert 'data-action="release-lease"' in root_page
 
-        viewer = persona("vera", "viewer")
+        viewer = viewer_client
         page = viewer.get(f"/runs/{child}/").content.decode()
         assert f'data-run-id="{child}"' in page
         for control in ("cancel", "cancel-subtree", "steer", "release-lease"):
@@ -143,27 +152,30 @@ async def test_it_shows_a_run_with_its_result_fields_and_role_appropriate_contro
     await database_sync_to_async(check)()
 
 
-def test_it_refuses_outsiders_and_sends_strangers_to_sign_in(db):
+@pytest.mark.django_db
+def test_it_refuses_outsiders_and_sends_strangers_to_sign_in(outsider_client):
     anonymous = Client()
     response = anonymous.get("/trees/")
     assert response.status_code == 302 and response["Location"].startswith("/login/")
-    outsider = persona("otto", None)
+    outsider = outsider_client
     for path in ("/trees/", "/runners/", "/audit/"):
         response = outsider.get(path)
         assert response.status_code == 403
         assert "has no role" in response.content.decode()
 
 
-def test_it_signs_in_and_out_with_csrf(db):
-    User.objects.create_user("olga", password="pw").groups.add(
-        Group.objects.get_or_create(name="operator")[0]
-    )
+@pytest.mark.django_db
+def test_it_signs_in_and_out_with_csrf(operator):
     client = Client(enforce_csrf_checks=True)
     token = csrf(client, "/login/")
     # Without the token the form is refused.
-    assert client.post("/login/", {"username": "olga", "password": "pw"}).status_code == 403
+    assert (
+        client.post("/login/", {"username": operator.username, "password": PASSWORD}).status_code
+        == 403
+    )
     response = client.post(
-        "/login/", {"username": "olga", "password": "pw", "csrfmiddlewaretoken": token}
+        "/login/",
+        {"username": operator.username, "password": PASSWORD, "csrfmiddlewaretoken": token},
     )
     assert response.status_code == 302 and response["Location"] == "/"
     # No tree is running, so home is the overview.
@@ -174,11 +186,11 @@ def test_it_signs_in_and_out_with_csrf(db):
     assert client.get("/trees/").status_code == 302
 
 
-async def test_it_cancels_a_subtree_through_the_service_and_audits_it(runner):
+async def test_it_cancels_a_subtree_through_the_service_and_audits_it(runner, operator_client):
     child, grandchild = await make_tree(runner)
 
     def act():
-        operator = persona("olga", "operator")
+        operator = operator_client
         token = csrf(operator, f"/runs/{child}/")
         # No CSRF token: refused before anything happens.
         assert operator.post(f"/runs/{child}/cancel/", {"cascade": "1"}).status_code == 403
@@ -206,11 +218,11 @@ async def test_it_cancels_a_subtree_through_the_service_and_audits_it(runner):
     await settle(runner)
 
 
-async def test_it_steers_and_releases_a_lease_through_the_services(runner):
+async def test_it_steers_and_releases_a_lease_through_the_services(runner, operator_client):
     child, grandchild = await make_tree(runner)
 
     def act():
-        operator = persona("olga", "operator")
+        operator = operator_client
         token = csrf(operator, f"/runs/{child}/")
         # The run page's steer box posts here, with the session cookie and the page's token.
         response = api_post(
@@ -242,11 +254,11 @@ async def test_it_steers_and_releases_a_lease_through_the_services(runner):
     await settle(runner, "run.steer", "lease.revoked", "run.cancel")
 
 
-async def test_it_refuses_a_viewers_forged_actions_with_a_clear_message(runner):
+async def test_it_refuses_a_viewers_forged_actions_with_a_clear_message(runner, viewer_client):
     child, grandchild = await make_tree(runner)
 
     def act():
-        viewer = persona("vera", "viewer")
+        viewer = viewer_client
         token = csrf(viewer, "/trees/")  # the sign-out form gives a valid token
         lease = Lease.objects.get(lease_id="lease-1")
         attempts = [
@@ -278,17 +290,17 @@ async def test_it_refuses_a_viewers_forged_actions_with_a_clear_message(runner):
     await database_sync_to_async(act)()
 
 
-async def test_it_lists_runners_and_filters_the_audit_log(runner):
+async def test_it_lists_runners_and_filters_the_audit_log(runner, viewer_client, operator_client):
     await make_tree(runner)
 
     def check():
-        operator = persona("olga", "operator")
+        operator = operator_client
         page = operator.get("/runners/").content.decode()
         assert 'data-runner-id="runner-a"' in page and 'data-connected="1"' in page
         assert "host-1" in page and "ext/worker" in page
         token = csrf(operator, "/runs/root-1/")
         operator.post("/runs/root-1/cancel/", {"reason": "stop", "csrfmiddlewaretoken": token})
-        viewer = persona("vera", "viewer")
+        viewer = viewer_client
         viewer.post("/runs/root-2/cancel/", {"csrfmiddlewaretoken": csrf(viewer, "/trees/")})
         audit = operator.get("/audit/?actor=olga").content.decode()
         assert 'data-action="cancel"' in audit and "user:vera" not in audit
@@ -301,11 +313,11 @@ async def test_it_lists_runners_and_filters_the_audit_log(runner):
     await settle(runner, "run.cancel")
 
 
-async def test_it_serves_a_tree_page_and_redirects_a_child_to_its_root(runner):
+async def test_it_serves_a_tree_page_and_redirects_a_child_to_its_root(runner, viewer_client):
     child, grandchild = await make_tree(runner)
 
     def check():
-        viewer = persona("vera", "viewer")
+        viewer = viewer_client
         # Home opens on the newest running tree.
         assert viewer.get("/")["Location"] == "/trees/root-2/"
         page = viewer.get("/trees/root-1/").content.decode()

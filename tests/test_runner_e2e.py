@@ -790,6 +790,7 @@ async def test_it_finishes_a_scripted_tree_across_a_server_crash(daphne_factory)
         assert events[-1]["kind"] == "result"
 
 
+@pytest.mark.django_db  # in-process: the command runs in this test's transaction
 def test_it_accepts_a_demo_password_that_starts_with_a_dash(monkeypatch):
     import io
 

@@ -26,7 +26,6 @@ from tests.fault_tools import (
     api,
     assert_gap_free,
     eventually,
-    make_operator,
     make_runner,
     run_row,
     stored_events,
@@ -81,12 +80,12 @@ def live_url(server) -> str:
 
 
 async def test_it_shares_one_gap_free_stream_and_routes_operator_actions_across_two_processes(
-    daphne_factory, live_clients
+    daphne_factory, live_clients, operator_token
 ):
     a = daphne_factory(**SLOW_FALLBACKS)
     b = daphne_factory(**SLOW_FALLBACKS)
     token = await sync_to_async(make_runner)("scale-runner")
-    operator = await sync_to_async(make_operator)()
+    operator = operator_token
 
     async with RecordingRunner(a.ws_url, token) as runner:
         c = runner.client

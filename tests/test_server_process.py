@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 
 import pytest
 import websockets
 
+from canopy.serving import ServerDidNotStart, start_server
 from delegation import services
 from tests import live_server
 
@@ -44,3 +47,18 @@ def test_it_refuses_a_frame_over_1_mib_and_keeps_the_connection_open(daphne_serv
             assert opened["result"]["runId"] == "r" and opened["result"]["profile"] == ""
 
     asyncio.run(scenario())
+
+
+@pytest.mark.django_db  # the server never gets as far as the database
+def test_it_reports_a_server_that_exits_instead_of_answering(tmp_path):
+    # A port bound (not listening) by someone else: daphne cannot bind it and exits, while
+    # nothing answers there, so only the exit can end the wait.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        with (
+            open(tmp_path / "daphne.log", "w") as log,
+            pytest.raises(ServerDidNotStart, match="exited"),
+        ):
+            start_server("127.0.0.1", port, env=dict(os.environ), output=log, timeout=30)
+    assert "Address already in use" in (tmp_path / "daphne.log").read_text()

@@ -27,7 +27,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from dashboard.serving import daphne_command
+from canopy.serving import ServerDidNotStart, answers, reachable_host, start_server, stop_server
 from delegation import roles, services
 
 BASE_DIR = Path(settings.BASE_DIR)
@@ -58,7 +58,7 @@ class Command(BaseCommand):
             stdout=io.StringIO(),  # quiet: the password is printed below, once
         )
         _runner, token = services.create_runner(RUNNER_NAME)
-        base = f"http://{_display_host(opts['host'])}:{opts['port']}"
+        base = f"http://{reachable_host(opts['host'])}:{opts['port']}"
         self.stdout.write("")
         self.stdout.write(self.style.SUCCESS("Canopy demo"))
         self.stdout.write(f"  dashboard : {base}/")
@@ -79,17 +79,16 @@ class Command(BaseCommand):
 
     def serve(self, token: str, opts) -> int:
         host, port = opts["host"], opts["port"]
-        if _port_busy(_display_host(host), port):
+        if answers(host, port):
             self.stderr.write(f"Port {port} is already in use; stop that server or pass --port.")
             return 1
-        server_cmd = daphne_command(host, port)
         seed = opts["seed"] if opts["seed"] is not None else secrets.randbelow(10**6)
         runner_cmd = [
             sys.executable,
             str(BASE_DIR / "manage.py"),
             "runner",
             "--url",
-            f"ws://{_display_host(host)}:{port}/ws/runner/",
+            f"ws://{reachable_host(host)}:{port}/ws/runner/",
             "--engine",
             "scripted",
             "--demo",
@@ -119,11 +118,12 @@ class Command(BaseCommand):
         previous = {sig: signal.signal(sig, on_signal) for sig in stop_signals}
         # Own sessions: a terminal Ctrl-C reaches only this supervisor, which then stops the
         # runner before the server, so running executions end as cancelled, not lost.
-        server = subprocess.Popen(server_cmd, cwd=BASE_DIR, env=env, start_new_session=True)
-        runner = None
+        server = runner = None
         try:
-            if not _wait_listening(_display_host(host), port, server, 30):
-                self.stderr.write("The server did not start; see its output above.")
+            try:
+                server = start_server(host, port, env=env, own_session=True)
+            except ServerDidNotStart as failure:
+                self.stderr.write(f"The server did not start ({failure}); see its output above.")
                 return 1
             runner = subprocess.Popen(runner_cmd, cwd=BASE_DIR, env=env, start_new_session=True)
             self.stdout.write(
@@ -142,39 +142,5 @@ class Command(BaseCommand):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            _stop(runner, 10)
-            _stop(server, 10)
-
-
-def _display_host(host: str) -> str:
-    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-
-
-def _port_busy(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.3):
-            return True
-    except OSError:
-        return False
-
-
-def _wait_listening(host: str, port: int, process: subprocess.Popen, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            return False
-        if _port_busy(host, port):
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def _stop(process: subprocess.Popen | None, grace: float) -> None:
-    if process is None or process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(grace)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(5)
+            stop_server(runner)
+            stop_server(server)

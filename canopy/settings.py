@@ -92,8 +92,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-ROOT_URLCONF = "dashboard.urls"
-ASGI_APPLICATION = "dashboard.asgi.application"
+ROOT_URLCONF = "canopy.urls"
+ASGI_APPLICATION = "canopy.asgi.application"
 
 TEMPLATES = [
     {
