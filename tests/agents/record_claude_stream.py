@@ -67,7 +67,10 @@ SCENARIOS: dict[str, tuple[Script, list[str], list[str], str]] = {
 
 
 def scrub(text: str, home: Path, urls: list[str]) -> str:
-    text = text.replace(str(home.resolve()), "/home/agent").replace(str(home), "/home/agent")
+    for path in {str(home.resolve()), str(home)}:
+        # The CLI also names its project folder after the working directory, slashes as dashes.
+        text = text.replace(path.replace("/", "-"), "-home-agent")
+        text = text.replace(path, "/home/agent")
     for url in urls:
         text = text.replace(url, re.sub(r":\d+", ":PORT", url))
     text = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", text)
