@@ -106,6 +106,10 @@ def test_it_counts_tokens_fails_on_script_and_logs_unknown_paths():
         count = _post(stub.url + "/v1/messages/count_tokens", {"messages": []})
         failed = _post(stub.url + "/v1/messages", {"model": "m", "messages": []})
         missing = _post(stub.url + "/api/hello", {})
+        with urllib.request.urlopen(
+            urllib.request.Request(stub.url + "/api/hello", method="HEAD"), timeout=10
+        ) as hello:
+            assert hello.status == 200
     assert count[0] == 200 and json.loads(count[2])["input_tokens"] > 0
     assert failed[0] == 529
     assert json.loads(failed[2])["error"] == {"type": "overloaded_error", "message": "busy"}
@@ -218,3 +222,17 @@ def test_it_stops_at_max_turns_with_an_error_subtype(tmp_path):
     assert run.returncode == 1
     assert (run.result["subtype"], run.result["is_error"]) == ("error_max_turns", True)
     assert len(stub.turns) == 1 and len(toy.calls) == 1
+
+
+def test_it_retries_a_failing_model_endpoint_only_as_often_as_told(tmp_path):
+    # The CLI retries a 5xx ten times with backoff (minutes); tests that script a failing model
+    # bound that with CLAUDE_CODE_MAX_RETRIES.
+    with ModelStub(fixed(Fail(500, "api_error", "scripted outage"))) as stub:
+        run = run_claude(
+            "Hi.", model_url=stub.url, home=tmp_path / "home", env={"CLAUDE_CODE_MAX_RETRIES": "1"}
+        )
+    assert run.returncode == 1
+    assert len(stub.turns) == 2
+    (retry,) = run.of_type("system", "api_retry")
+    assert (retry["attempt"], retry["max_retries"], retry["error_status"]) == (1, 1, 500)
+    assert run.result["is_error"] is True and "scripted outage" in run.result["result"]

@@ -104,6 +104,7 @@ def run_claude(
     mcp_servers: dict[str, Any] | None = None,
     allowed_tools: list[str] = (),
     extra_args: list[str] = (),
+    env: dict[str, str] | None = None,
     timeout: float = 90,
 ) -> ClaudeRun:
     """``claude -p PROMPT --output-format stream-json --verbose`` against the stub model."""
@@ -122,7 +123,7 @@ def run_claude(
     proc = subprocess.run(
         args,
         cwd=work,
-        env=offline_env(model_url, home),
+        env=offline_env(model_url, home, **(env or {})),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,

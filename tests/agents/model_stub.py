@@ -205,7 +205,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._unknown(self._record())
 
     def do_HEAD(self) -> None:
-        self._unknown(self._record())
+        request = self._record()
+        if request.path.split("?")[0] == "/api/hello":
+            # The CLI's connectivity check, sent only when nonessential traffic is allowed.
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self._unknown(request)
 
     def do_POST(self) -> None:
         request = self._record()
