@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install run serve test test-postgres lint format bench clean
+.PHONY: install agents run serve test test-postgres lint format bench clean clean-agents
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,6 +15,25 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 install: $(STAMP)
+
+# Coding-agent CLIs the agent tests drive, pinned and kept in the project's own folder so the
+# tests never depend on (or pick up) whatever the machine has installed globally.
+AGENTS_DIR := .agents
+CLAUDE_CODE_VERSION := 2.1.332
+CLAUDE_CODE_ACP_VERSION := 0.16.2
+AGENTS_STAMP := $(AGENTS_DIR)/.installed-$(CLAUDE_CODE_VERSION)-$(CLAUDE_CODE_ACP_VERSION)
+
+$(AGENTS_STAMP):
+	@mkdir -p $(AGENTS_DIR)
+	@test -f $(AGENTS_DIR)/package.json || echo '{"name": "canopy-agents", "private": true}' > $(AGENTS_DIR)/package.json
+	cd $(AGENTS_DIR) && npm install --no-audit --no-fund --save-exact \
+		@anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION) \
+		@zed-industries/claude-code-acp@$(CLAUDE_CODE_ACP_VERSION)
+	$(AGENTS_DIR)/node_modules/.bin/claude --version
+	@rm -f $(AGENTS_DIR)/.installed-*
+	@touch $(AGENTS_STAMP)
+
+agents: $(AGENTS_STAMP)
 
 # Migrate, create the demo operator and runner, then serve with a scripted runner growing trees.
 run: install
@@ -26,11 +45,11 @@ serve: install
 	$(PY) manage.py migrate --noinput
 	$(PY) -m canopy.serving $(HOST) $(PORT)
 
-test: install
+test: install agents
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The same suite on the scale-out backends (the machine's PostgreSQL and Redis).
-test-postgres: install
+test-postgres: install agents
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} \
 	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} \
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -48,3 +67,7 @@ bench: install
 
 clean:
 	rm -rf var/canopy-test-*.sqlite3* test-results
+
+# Also drop the installed agent CLIs (make agents brings them back).
+clean-agents:
+	rm -rf $(AGENTS_DIR)
