@@ -367,6 +367,8 @@ def test_it_parses_recorded_claude_code_output():
             ).stdout.split()
         except (subprocess.CalledProcessError, FileNotFoundError):
             listing = []
+        listing = [n for n in listing if n.endswith((".jsonl", ".ndjson"))]
+        names = [Path(n).name for n in listing]
         texts = [
             subprocess.run(
                 ["git", "show", f"h4-agents:{name}"],
@@ -376,12 +378,38 @@ def test_it_parses_recorded_claude_code_output():
                 cwd=Path(__file__).parent.parent,
             ).stdout
             for name in listing
-            if name.endswith((".jsonl", ".ndjson", ".txt"))
         ]
     else:
+        names = [f.name for f in files]
         texts = [f.read_text() for f in files]
     if not texts:
         pytest.skip("no recorded Claude Code output on this branch or on h4-agents yet")
+    by_name = dict(zip(names, texts, strict=True))
+    if "tool-call.jsonl" in by_name:
+        fmt = ClaudeStreamJson()
+        events = feed_all(
+            fmt, [line for line in by_name["tool-call.jsonl"].splitlines() if line.strip()]
+        )
+        use = next(e for e in events if e["kind"] == "tool-use")
+        done = next(e for e in events if e["kind"] == "tool-result")
+        assert use["toolCallId"] == done["toolCallId"] and done["success"] is True
+        usage = next(e for e in events if e["kind"] == "usage")["input"]
+        assert usage["costUsd"] > 0 and usage["inputTokens"] > 0 and usage["model"]
+        assert fmt.outcome(0).output == next(e for e in events if e["kind"] == "result")["text"]
+    if "max-turns.jsonl" in by_name:
+        fmt = ClaudeStreamJson()
+        feed_all(fmt, [line for line in by_name["max-turns.jsonl"].splitlines() if line.strip()])
+        assert "maximum number of turns" in fmt.outcome(1).error
+    if "tool-permission-denied.jsonl" in by_name:
+        lines = by_name["tool-permission-denied.jsonl"].splitlines()
+        events = feed_all(ClaudeStreamJson(), [line for line in lines if line.strip()])
+        denied = next(e for e in events if e["kind"] == "permission")
+        assert denied["success"] is False and denied["toolCallId"].startswith("toolu_")
+    if "model-400.jsonl" in by_name:
+        lines = by_name["model-400.jsonl"].splitlines()
+        events = feed_all(ClaudeStreamJson(), [line for line in lines if line.strip()])
+        usage = next(e for e in events if e["kind"] == "usage")["input"]
+        assert usage.get("model") != "<synthetic>"
     for text in texts:
         fmt = ClaudeStreamJson()
         lines = [line for line in text.splitlines() if line.strip()]

@@ -305,12 +305,32 @@ class ClaudeStreamJson(Format):
             if self.model:
                 text += f" ({self.model})"
             return [event("session", text, input={k: v for k, v in info.items() if v})]
+        if subtype == "permission_denied" and data.get("tool_use_id"):
+            # Claude Code's own permission check refused a tool call (not on --allowedTools).
+            return [
+                event(
+                    "permission",
+                    f"denied: {data.get('message') or 'not permitted'}",
+                    tool_name=str(data.get("tool_name") or "") or None,
+                    tool_call_id=str(data["tool_use_id"]),
+                    input={"decision": "denied"},
+                    success=False,
+                )
+            ]
         extra = {k: v for k, v in data.items() if k not in ("type", "subtype", "uuid")}
-        return [event("system", f"system: {subtype or 'message'}", input=extra or None)]
+        text = f"system: {subtype or 'message'}"
+        if subtype == "api_retry":
+            text = (
+                f"model API retry {data.get('attempt')}/{data.get('max_retries')} after "
+                f"{data.get('error_status') or data.get('error')}"
+            )
+        return [event("system", text, input=extra or None)]
 
     def _assistant(self, message: Mapping, parent: str | None) -> list[dict]:
-        if isinstance(message.get("model"), str) and message["model"] and not parent:
-            self.model = message["model"]
+        model = message.get("model")
+        # "<synthetic>" marks a message Claude Code wrote itself (e.g. an API error).
+        if isinstance(model, str) and model and not model.startswith("<") and not parent:
+            self.model = model
         out = []
         for block in message["content"]:
             block_type = block.get("type")
