@@ -800,6 +800,14 @@ def test_it_keeps_malformed_and_truncated_lines_as_text(name):
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
+def test_it_keeps_json_nested_past_the_parsers_depth_as_text(name):
+    fmt = make_format(name)
+    for line in ("[" * 200_000, '{"a":' * 100_000 + "1" + "}" * 100_000):
+        (ev,) = fmt.feed(line)
+        assert ev["kind"] == "text" and ev["text"].startswith(line[:100])
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
 def test_it_cuts_huge_lines_and_fields(name):
     fmt = make_format(name)
     big = "x" * (3 * 1024 * 1024)

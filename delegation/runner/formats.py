@@ -163,7 +163,7 @@ class Format:
         if stripped.startswith("{"):
             try:
                 data = json.loads(stripped)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
                 data = None
         events: list[dict] | None = None
         if isinstance(data, dict):
@@ -221,7 +221,7 @@ class LinesFormat(Format):
     name = "lines"
 
     def feed(self, line: str | bytes) -> list[dict]:
-        from delegation.runner.command import line_event
+        from delegation.runner.command import fit, line_event
 
         if isinstance(line, bytes | bytearray):
             if len(line) > MAX_PARSE_BYTES:
@@ -232,7 +232,10 @@ class LinesFormat(Format):
             return []
         if len(line) > MAX_PARSE_BYTES:
             return [self._oversized(len(line.encode("utf-8")), line[:FIELD_BYTES].encode())]
-        ev = clip(line_event(line))
+        try:
+            ev = fit(line_event(line))
+        except RecursionError:  # JSON nested past the parser's depth: keep it as text
+            ev = clip(event("text", line))
         if ev["kind"] == "result" and "text" in ev:
             self.result_text = ev["text"]
         elif ev["kind"] == "text" and "text" in ev:
