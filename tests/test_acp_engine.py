@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from delegation import services
+from delegation.models import Run
 from delegation.runner.acp import AcpEngine, AcpPreset
 from delegation.runner.host import RunnerHost
 from tests import live_server
@@ -273,3 +275,33 @@ async def test_it_fails_a_child_the_agent_refuses(harness):
     assert result.status == "failed"
     assert result.error == "the agent refused to continue (stopReason refusal)"
     assert any(e.kind == "error" for e in events)
+
+
+async def test_it_runs_a_root_through_the_runner_command_line_with_engine_acp(
+    daphne_server, tmp_path
+):
+    _runner, token = await sync_to_async(services.create_runner)("acp-cli")
+    config = tmp_path / "presets.json"
+    config.write_text(
+        json.dumps(
+            {
+                "workspace": ".",
+                "presets": [{"name": "acp", "command": AGENT, "allowToolKinds": ["read"]}],
+            }
+        )
+    )
+    env = {**os.environ, "CANOPY_RUNNER_TOKEN": token}
+    env.pop("PANDO_DELEGATION_DEPTH", None)
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "manage.py", "runner", "--url", daphne_server.ws_url, "--engine", "acp"]
+        + ["--config", str(config), "--root", "from the command line", "--once"],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stderr
+    runs = await sync_to_async(list)(Run.objects.values_list("depth", "status", "output"))
+    assert runs == [(0, "succeeded", "Echo: from the command line")]
