@@ -259,6 +259,10 @@ async def test_it_resumes_with_session_load_or_refuses_clearly(harness):
     # The history the agent replays on load is not this run's output.
     assert not any(e.kind == "user" for e in events)
     assert len(h.started()) == 1  # session/load, not a second session/new
+    # The loaded session's cumulative cost went from 0.25 to 0.50: this run spent 0.25.
+    assert [e.input["costUsd"] for e in events if e.kind == "usage" and "costUsd" in e.input] == [
+        0.25
+    ]
 
     other = await h.start("fresh", profile="noload")
     await h.read_until(other.child_id, lambda r, ev: r.done)

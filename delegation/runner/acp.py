@@ -202,7 +202,10 @@ class Session:
         self.chunk_message: str | None = None
         self.chunk_bytes = 0
         self.chunk_since = 0.0
-        self.turn_text: list[str] = []  # the agent's message text of the current turn
+        # The agent's message text of the current turn, split where something else (a tool
+        # call, a thought, a plan) came between: the last part is the turn's answer.
+        self.turn_parts: list[list[str]] = []
+        self.part_open = False
         self.tool_names: dict[str, str] = {}
         self.cost_seen = 0.0
         self.cancelling = False
@@ -235,7 +238,12 @@ class Session:
         self.chunks.append(text)
         self.chunk_bytes += len(text.encode("utf-8"))
         if kind == "text":
-            self.turn_text.append(text)
+            if not self.part_open:
+                self.turn_parts.append([])
+                self.part_open = True
+            self.turn_parts[-1].append(text)
+        else:
+            self.part_open = False
         if self.chunk_bytes >= COALESCE_BYTES:
             self.flush()
 
@@ -256,6 +264,7 @@ class Session:
             self._chunk(event_kind, _content_text(update.content), update.message_id)
             return
         self.flush()
+        self.part_open = False
         if kind == "tool_call":
             self._tool_call(update)
         elif kind == "tool_call_update":
@@ -338,6 +347,8 @@ class Session:
         if cost is not None and cost.currency.upper() == "USD" and cost.amount >= self.cost_seen:
             delta = cost.amount - self.cost_seen
             self.cost_seen = cost.amount
+        if not delta:
+            return  # only the context window moved: nothing to add to the run's totals
         used = usage_event(0, 0, cost_usd=delta)
         if used is not None:
             used["text"] = f"context {update.used}/{update.size} tokens" + (
@@ -366,6 +377,8 @@ class Session:
         allowed = kind in self.preset.allow_tool_kinds and not self.cancelling
         wanted = ("allow_once", "allow_always") if allowed else ("reject_once", "reject_always")
         option = next((o for w in wanted for o in options if o.kind == w), None)
+        if self.cancelling:
+            option = None  # ACP: pending permission requests of a cancelled turn are cancelled
         if self.cancelling:
             reason = "the run is being cancelled"
         elif allowed:
@@ -437,6 +450,9 @@ class AcpEngine:
         self.cancel_grace = 2 * max(p.cancel_grace for p in presets) + 2.0
         # conversationId -> the agent's session id, for session/load on a resume.
         self.sessions: dict[str, str] = {}
+        # conversationId -> the session's cumulative cost reported so far: a loaded session
+        # keeps counting from there, and only what is new adds to the resumed run's totals.
+        self.costs: dict[str, float] = {}
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], workspace: str | None = None, **kwargs):
@@ -524,6 +540,7 @@ class AcpEngine:
         finally:
             ctx.data["acp_done"] = True
             session.flush()
+            self.costs[ctx.conversation_id] = session.cost_seen
             with contextlib.suppress(Exception):
                 await conn.close()
             await self._stop(process, preset.cancel_grace)
@@ -570,6 +587,7 @@ class AcpEngine:
                 return Outcome(cancelled=True)
             del loaded
             session.session_id = known
+            session.cost_seen = self.costs.get(ctx.conversation_id, 0.0)
             session.put(event("session", f"ACP session {known} loaded", input={"sessionId": known}))
         else:
             created = await self._until_cancel(ctx, conn.new_session(cwd=cwd, mcp_servers=servers))
@@ -589,7 +607,7 @@ class AcpEngine:
         blocks = [text_block(system), text_block(ctx.message)] if system else None
         prompt = blocks or [text_block(ctx.message)]
         while True:
-            session.turn_text = []
+            session.turn_parts, session.part_open = [], False
             response = await self._turn(ctx, session, conn, prompt, preset.cancel_grace)
             session.flush()
             if response is None:
@@ -610,7 +628,7 @@ class AcpEngine:
                 # No await between this check and the flag: a steer either made it into the
                 # queue above or sees the session ended.
                 ctx.data["acp_done"] = True
-                output = "".join(session.turn_text)
+                output = "".join(session.turn_parts[-1]) if session.turn_parts else ""
                 session.put(event("result", output))
                 return Outcome(output=output)
             prompt = [text_block("\n\n".join(steers))]

@@ -104,6 +104,7 @@ class TestAgent:
 
             raise RequestError.invalid_params({"sessionId": f"unknown session {session_id}"})
         self.history[session_id] = json.loads(path.read_text())
+        self.cost = 0.25 * len(self.history[session_id])  # the session's cost so far
         # The protocol replays the conversation to the client before answering.
         for turn in self.history[session_id]:
             await self.client.session_update(session_id, update_user_message_text(turn["user"]))
