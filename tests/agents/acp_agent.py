@@ -11,7 +11,8 @@ What a turn does is read from the prompt's words:
   that long, ending early with ``cancelled`` on ``session/cancel``, or with ``end_turn`` once
   the file named by ``ACP_AGENT_RELEASE`` exists;
 - ``stubborn``: like ``slow`` but ignores ``session/cancel``, a closed stdin and SIGTERM;
-- ``refuse``: ends the turn with ``refusal``.
+- ``refuse``: ends the turn with ``refusal``;
+- ``flood:<n>``: n tool calls, each started and completed at once, as fast as it can.
 
 Sessions are kept as JSON files under ``ACP_AGENT_STATE`` (when set), so a new process can
 ``session/load`` one; ``ACP_AGENT_NO_LOAD=1`` makes the agent not offer ``session/load``.
@@ -151,6 +152,11 @@ class TestAgent:
             ),
         )
         for word in text.split():
+            if word.startswith("flood:"):
+                # As fast as the agent can: tool calls that start and complete at once.
+                for i in range(int(word.split(":", 1)[1])):
+                    await self.say(sid, start_tool_call(f"f{i}", "Flood", kind="other"))
+                    await self.say(sid, update_tool_call(f"f{i}", status="completed"))
             if word.startswith("permission:"):
                 await self.permission(sid, word.split(":", 1)[1])
         if "refuse" in text.split():
