@@ -196,6 +196,14 @@ async def test_it_queues_a_steer_for_the_next_prompt_and_refuses_one_after_the_e
     )
     outcome = await h.steer(child.child_id, "turn left", "s1")
     assert outcome.injected
+    # The server answers once the steer is queued for the runner; end the slow turn only once
+    # the runner has it, or the steer would arrive after the session ended.
+    ctx = h.host.runs[child.run_id]
+    for _ in range(200):
+        if not ctx.steers.empty():
+            break
+        await asyncio.sleep(0.05)
+    assert not ctx.steers.empty()
     (h.state / "release").touch()
     result, events = await h.read_until(child.child_id, lambda r, ev: r.done)
     assert result.status == "succeeded", result.error
@@ -203,6 +211,7 @@ async def test_it_queues_a_steer_for_the_next_prompt_and_refuses_one_after_the_e
     assert result.output == "Echo: turn left"
     texts = [e.text for e in events if e.kind == "text"]
     assert any(t.startswith("[working 0]") for t in texts)
+    # Progress and answer are separate messages (messageId), so separate events.
     assert "Echo: slow" in texts and texts[-1] == "Echo: turn left"
     order = [e.kind for e in events]
     assert order.index("steer") < len(order) - 1 - order[::-1].index("thinking")

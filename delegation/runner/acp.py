@@ -203,9 +203,11 @@ class Session:
         self.chunk_bytes = 0
         self.chunk_since = 0.0
         # The agent's message text of the current turn, split where something else (a tool
-        # call, a thought, a plan) came between: the last part is the turn's answer.
+        # call, a thought, a plan) or a new messageId came between: the last part is the
+        # turn's answer.
         self.turn_parts: list[list[str]] = []
         self.part_open = False
+        self.last_message_id: str | None = None
         self.tool_names: dict[str, str] = {}
         self.cost_seen = 0.0
         self.cancelling = False
@@ -237,6 +239,9 @@ class Session:
         self.chunk_message = message_id or self.chunk_message
         self.chunks.append(text)
         self.chunk_bytes += len(text.encode("utf-8"))
+        if message_id and message_id != self.last_message_id:
+            self.part_open = False  # a new message starts a new part of the answer
+        self.last_message_id = message_id or self.last_message_id
         if kind == "text":
             if not self.part_open:
                 self.turn_parts.append([])

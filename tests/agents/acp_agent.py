@@ -46,6 +46,7 @@ from acp import (
 )
 from acp.schema import (
     AgentCapabilities,
+    AgentMessageChunk,
     Cost,
     Implementation,
     InitializeResponse,
@@ -177,12 +178,22 @@ class TestAgent:
                 if release and Path(release).exists():
                     break
                 if tick % 10 == 0:
-                    await self.say(sid, update_agent_message_text(f"[working {tick // 10}]"))
+                    progress = AgentMessageChunk(
+                        session_update="agent_message_chunk",
+                        content=text_block(f"[working {tick // 10}]"),
+                        message_id=f"work-{self.turns}",
+                    )
+                    await self.say(sid, progress)
                 await asyncio.sleep(0.1)
         answer = f"Echo: {text}"
         third = len(answer) // 3
         for piece in (answer[:third], answer[third : 2 * third], answer[2 * third :]):
-            await self.say(sid, update_agent_message_text(piece))
+            chunk = AgentMessageChunk(
+                session_update="agent_message_chunk",
+                content=text_block(piece),
+                message_id=f"answer-{self.turns}",
+            )
+            await self.say(sid, chunk)
         self.cost += 0.25
         await self.say(
             sid,
