@@ -347,3 +347,20 @@ async def test_it_keeps_every_event_of_a_fast_agent_in_order(harness):
         f"\nacp: {2 * n} flood events stored in {stored:.2f}s ({2 * n / max(stored, 1e-6):.0f}/s);"
         f" {len(events)} events end to end in {elapsed:.2f}s, agent start included"
     )
+
+
+def test_it_reads_the_documented_acp_presets_and_refuses_bad_ones():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = next(
+        b.split("```", 1)[0]
+        for b in readme.split("```json\n")[1:]
+        if b.startswith('{"presets": [{"name": "claude"')
+    )
+    engine = AcpEngine.from_config(json.loads(block), workspace=str(Path.cwd()))
+    preset = engine.presets_by_name["claude"]
+    assert preset.command == ["claude-code-acp"]
+    assert preset.allow_tool_kinds == ("read", "search")
+    with pytest.raises(ValueError, match=r"'allowToolKinds' has unknown kind\(s\) shell"):
+        AcpPreset.from_config({"name": "x", "command": ["a"], "allowToolKinds": ["shell"]})
+    with pytest.raises(ValueError, match="unknown field"):
+        AcpPreset.from_config({"name": "x", "command": ["a"], "format": "lines"})
