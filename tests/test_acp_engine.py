@@ -110,6 +110,7 @@ async def harness(daphne_server, tmp_path, monkeypatch):
         AcpPreset("acp", AGENT, env=env, allow_tool_kinds=("read", "search"), cancel_grace=2.0),
         AcpPreset("stubborn", AGENT, env=env, cancel_grace=0.5),
         AcpPreset("noload", AGENT, env={**env, "ACP_AGENT_NO_LOAD": "1"}),
+        AcpPreset("crash", AGENT, env={**env, "ACP_AGENT_CRASH": "1"}),
     ]
     asked = []
 
@@ -136,11 +137,11 @@ async def harness(daphne_server, tmp_path, monkeypatch):
 
 async def test_it_runs_an_acp_child_to_readable_events_usage_and_permission_decisions(harness):
     h = harness
-    child = await h.start("hello permission:read permission:execute", cwd="sub")
+    child = await h.start("hello terminal permission:read permission:execute", cwd="sub")
     assert child.depth == 2
     result, events = await h.read_until(child.child_id, lambda r, ev: r.done)
     assert result.status == "succeeded", result.error
-    assert result.output == "Echo: hello permission:read permission:execute"
+    assert result.output == "Echo: hello terminal permission:read permission:execute"
 
     # The agent ran in the child's cwd at the child's level, without the runner's token, and
     # was given Canopy's MCP server with the run token and depth headers.
@@ -177,6 +178,10 @@ async def test_it_runs_an_acp_child_to_readable_events_usage_and_permission_deci
     assert allowed.input["decision"] == "allowed" and allowed.input["toolKind"] == "read"
     assert denied.success is False and denied.input["option"] == "no"
     assert "not on preset 'acp'" in denied.text
+    term = [e for e in events if e.tool_call_id == "term-1"]
+    assert [e.kind for e in term] == ["tool-use", "tool-update", "tool-result"]
+    assert term[1].input == {"command": "ls"} and term[1].tool_name == "`ls`"
+    assert term[2].tool_name == "`ls`" and term[2].tool_output == "a.py"
     results = {e.tool_call_id: e for e in events if e.kind == "tool-result"}
     assert results["call-1-ask-execute"].success is False
     assert results["call-1-ask-execute"].error == "permission denied by the client"
@@ -364,3 +369,12 @@ def test_it_reads_the_documented_acp_presets_and_refuses_bad_ones():
         AcpPreset.from_config({"name": "x", "command": ["a"], "allowToolKinds": ["shell"]})
     with pytest.raises(ValueError, match="unknown field"):
         AcpPreset.from_config({"name": "x", "command": ["a"], "format": "lines"})
+
+
+async def test_it_fails_a_child_whose_agent_dies_with_what_it_said(harness):
+    h = harness
+    child = await h.start("anything", profile="crash")
+    result, _ = await h.read_until(child.child_id, lambda r, ev: r.done)
+    assert result.status == "failed"
+    assert result.error.startswith("ACP agent failed: ")
+    assert result.error.endswith("stderr: fatal: the model endpoint is unreachable")

@@ -291,6 +291,11 @@ class Session:
 
     def _tool_call(self, update: Any) -> None:
         call_id = update.tool_call_id
+        if call_id in self.tool_names:
+            # Some agents (claude-code-acp) announce a call again once its input is complete:
+            # one tool-use per call, the rest are updates.
+            self._tool_update(update)
+            return
         self.tool_names[call_id] = update.title
         args = update.raw_input if update.raw_input is not None else {}
         self.put(
@@ -308,7 +313,7 @@ class Session:
     def _tool_update(self, update: Any) -> None:
         call_id = update.tool_call_id
         if update.title:
-            self.tool_names.setdefault(call_id, update.title)
+            self.tool_names[call_id] = update.title  # titles get more specific as input arrives
         name = self.tool_names.get(call_id) or update.title
         text = _content_text(update.content)
         output = update.raw_output if update.raw_output is not None else (text or None)
@@ -333,16 +338,18 @@ class Session:
                     error=text or "the tool call failed",
                 )
             )
-        else:
+        elif update.status or output is not None or update.raw_input is not None or update.title:
             self.put(
                 event(
                     "tool-update",
                     update.status,
                     tool_name=name,
                     tool_call_id=call_id,
+                    input=update.raw_input,
                     tool_output=output,
                 )
             )
+        # An update with nothing in it (no status, input, output or title) shows nothing.
 
     def _usage_update(self, update: Any) -> None:
         # usage_update carries the context window and the session's cumulative cost; a usage
@@ -538,7 +545,14 @@ class AcpEngine:
         except AcpRefused as exc:
             outcome = Outcome(error=str(exc))
         except (ConnectionError, RequestError) as exc:
-            detail = f"{exc}" if not stderr_tail else f"{exc}; stderr: {stderr_tail[-1][:500]}"
+            detail = str(exc)
+            data = getattr(exc, "data", None)
+            if data:
+                detail += f" ({json.dumps(data, ensure_ascii=False, default=str)[:500]})"
+            # The agent's last line that says something (not a brace of a logged object).
+            said = [line for line in stderr_tail if sum(c.isalpha() for c in line) >= 8]
+            if said:
+                detail += f"; stderr: {said[-1][:500]}"
             if process.returncode is not None:
                 detail = f"the agent exited with status {process.returncode}: {detail}"
             outcome = Outcome(error=f"ACP agent failed: {detail}")

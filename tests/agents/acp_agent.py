@@ -12,10 +12,12 @@ What a turn does is read from the prompt's words:
   the file named by ``ACP_AGENT_RELEASE`` exists;
 - ``stubborn``: like ``slow`` but ignores ``session/cancel``, a closed stdin and SIGTERM;
 - ``refuse``: ends the turn with ``refusal``;
+- ``terminal``: a tool call in claude-code-acp's shape (announced twice, an empty update);
 - ``flood:<n>``: n tool calls, each started and completed at once, as fast as it can.
 
 Sessions are kept as JSON files under ``ACP_AGENT_STATE`` (when set), so a new process can
-``session/load`` one; ``ACP_AGENT_NO_LOAD=1`` makes the agent not offer ``session/load``.
+``session/load`` one; ``ACP_AGENT_NO_LOAD=1`` makes the agent not offer ``session/load``; ``ACP_AGENT_CRASH=1``
+makes it exit on ``session/new`` after a line on stderr.
 Each process writes its pid, cwd, depth and the MCP servers it was given to stderr.
 """
 
@@ -84,6 +86,10 @@ class TestAgent:
         )
 
     async def new_session(self, cwd: str, mcp_servers: list | None = None, **kwargs: Any):
+        if os.environ.get("ACP_AGENT_CRASH"):
+            print("fatal: the model endpoint is unreachable", file=sys.stderr, flush=True)
+            print("}", file=sys.stderr, flush=True)
+            os._exit(3)
         session_id = f"sess-{uuid.uuid4().hex[:12]}"
         self.history[session_id] = []
         servers = [s.model_dump(mode="json", by_alias=True) for s in mcp_servers or []]
@@ -158,6 +164,21 @@ class TestAgent:
                 for i in range(int(word.split(":", 1)[1])):
                     await self.say(sid, start_tool_call(f"f{i}", "Flood", kind="other"))
                     await self.say(sid, update_tool_call(f"f{i}", status="completed"))
+            if word == "terminal":
+                # claude-code-acp's shape: a call announced, announced again with its input
+                # once complete, an empty update, then its result.
+                await self.say(sid, start_tool_call("term-1", "Terminal", kind="execute"))
+                await self.say(
+                    sid,
+                    start_tool_call("term-1", "`ls`", kind="execute", raw_input={"command": "ls"}),
+                )
+                await self.say(sid, update_tool_call("term-1"))
+                await self.say(
+                    sid,
+                    update_tool_call(
+                        "term-1", status="completed", content=[tool_content(text_block("a.py"))]
+                    ),
+                )
             if word.startswith("permission:"):
                 await self.permission(sid, word.split(":", 1)[1])
         if "refuse" in text.split():
