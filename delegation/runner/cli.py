@@ -36,8 +36,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "to other users of the machine)",
     )
     parser.add_argument("--token-file", default=None, help="read the runner token from a file")
-    parser.add_argument("--engine", choices=("scripted", "command"), default="scripted")
-    parser.add_argument("--config", default=None, help="presets JSON file (command engine)")
+    parser.add_argument("--engine", choices=("scripted", "command", "acp"), default="scripted")
+    parser.add_argument("--config", default=None, help="presets JSON file (command, acp)")
     parser.add_argument(
         "--workspace",
         default=None,
@@ -123,6 +123,15 @@ def build_engine(args):
             raise SystemExit("runner: --engine command needs --config presets.json")
         config = load_config(args.config)
         engine = CommandEngine.from_config(config, workspace=args.workspace)
+        return engine, engine.workspace, config.get("extensionId")
+    if args.engine == "acp":
+        if not args.config:
+            raise SystemExit("runner: --engine acp needs --config presets.json")
+        # Imported here: the ACP package takes seconds to import and only this engine needs it.
+        from delegation.runner.acp import AcpEngine
+
+        config = load_config(args.config)
+        engine = AcpEngine.from_config(config, workspace=args.workspace)
         return engine, engine.workspace, config.get("extensionId")
     max_depth = args.max_depth
     if max_depth is None:

@@ -8,8 +8,10 @@ line; for each child the engine:
   in ``CANOPY_*`` variables, and the runner's token removed from the environment;
 - runs it in the runner's workspace, or in the request's ``cwd`` resolved inside it (symlinks
   included: a ``cwd`` that resolves outside the workspace is refused);
-- turns each stdout line into an event: a JSON object with a string ``kind`` is a structured
-  event, any other line is a ``text`` event; each stderr line is an ``error`` event;
+- turns each stdout line into events by the preset's ``format`` (:mod:`delegation.runner.
+  formats`): ``lines`` (a JSON object with a string ``kind`` is a structured event, any other
+  line a ``text`` event), or a real agent's own records (``claude-stream-json``,
+  ``codex-json``, ``gemini-stream-json``); each stderr line is an ``error`` event;
 - writes each steer to the process's stdin as one line;
 - on a cancel sends SIGTERM to the process group, then SIGKILL after the preset's grace period;
 - turns the exit status into the run's result (0) or error (anything else).
@@ -37,6 +39,7 @@ from delegation import depth as depthlib
 from delegation import errors as codes
 from delegation.client import Preset, RpcError, event
 from delegation.protocol import SERVER_EVENT_KINDS
+from delegation.runner.formats import FORMATS, make_format
 from delegation.runner.host import Outcome, RunContext
 
 log = logging.getLogger("canopy.runner.command")
@@ -69,6 +72,7 @@ class CommandPreset:
     cwd: str | None = None  # default working directory, relative to the workspace
     cancel_grace: float = 5.0  # seconds between SIGTERM and SIGKILL
     steer_format: str = "text"  # "text": the message on one line; "json": a JSON object line
+    format: str = "lines"  # how stdout is read: see delegation.runner.formats
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any]) -> CommandPreset:
@@ -81,6 +85,7 @@ class CommandPreset:
             "cwd",
             "cancelGraceSeconds",
             "steerFormat",
+            "format",
         }
         unknown = set(raw) - known
         if unknown:
@@ -105,6 +110,9 @@ class CommandPreset:
         steer_format = raw.get("steerFormat", "text")
         if steer_format not in ("text", "json"):
             raise ValueError(f"preset {name!r}: 'steerFormat' must be 'text' or 'json'")
+        output_format = raw.get("format", "lines")
+        if output_format not in FORMATS:
+            raise ValueError(f"preset {name!r}: 'format' must be one of {', '.join(FORMATS)}")
         grace = raw.get("cancelGraceSeconds", 5.0)
         if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
             raise ValueError(f"preset {name!r}: 'cancelGraceSeconds' must be a number >= 0")
@@ -117,6 +125,7 @@ class CommandPreset:
             cwd=raw.get("cwd"),
             cancel_grace=float(grace),
             steer_format=steer_format,
+            format=output_format,
         )
 
 
@@ -301,7 +310,7 @@ class CommandEngine:
         )
         ctx.data["process"] = process
         ctx.data["pid"] = process.pid
-        state = {"result": None, "last_text": None, "last_stderr": None}
+        state = {"last_stderr": None, "format": make_format(preset.format)}
         # One queue keeps stdout and stderr events in arrival order, and one sender batches
         # them: a chatty agent does not cost one round trip per line.
         queue: asyncio.Queue = asyncio.Queue()
@@ -335,19 +344,11 @@ class CommandEngine:
                 _kill_group(process.pid, signal.SIGKILL)
                 with contextlib.suppress(Exception):
                     await process.wait()
-        code = process.returncode
         if stopped_by_cancel or ctx.cancelled:
             return Outcome(cancelled=True)
-        if code == 0:
-            output = state["result"] if state["result"] is not None else state["last_text"]
-            return Outcome(output=output or "")
-        if code < 0:
-            reason = f"killed by signal {-code}"
-        else:
-            reason = f"exit status {code}"
-        if state["last_stderr"]:
-            reason += f": {state['last_stderr'][:500]}"
-        return Outcome(error=reason)
+        # The agent's own result record (or, for plain lines, its last text) and the exit
+        # status make the outcome; see delegation.runner.formats.
+        return state["format"].outcome(process.returncode, state["last_stderr"])
 
     async def _pump(self, reader, queue: asyncio.Queue, which: str, state: dict) -> None:
         while True:
@@ -359,6 +360,9 @@ class CommandEngine:
                 )
                 continue
             if not raw:
+                if which == "stdout":
+                    for ev in state["format"].flush():
+                        queue.put_nowait(ev)
                 return
             line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
             if which == "stderr":
@@ -366,14 +370,8 @@ class CommandEngine:
                     state["last_stderr"] = line
                     queue.put_nowait(event("error", error=line))
                 continue
-            if not line.strip():
-                continue
-            ev = fit(line_event(line))
-            if ev["kind"] == "result" and "text" in ev:
-                state["result"] = ev["text"]
-            elif ev["kind"] == "text" and "text" in ev:
-                state["last_text"] = ev["text"]
-            queue.put_nowait(ev)
+            for ev in state["format"].feed(line):
+                queue.put_nowait(ev)
 
     async def _send(self, ctx: RunContext, queue: asyncio.Queue) -> None:
         done = False

@@ -1,0 +1,99 @@
+"""The acp engine driving the real ``@zed-industries/claude-code-acp`` adapter (pinned by
+``make agents``) against the scripted Anthropic Messages endpoint: offline, no key.
+
+It needs the stub and the CLI helpers of the agents groundwork (``tests/agents/model_stub.py``,
+``tests/agents/claude_cli.py``); until those are on this branch the module is skipped as a
+whole, and once they are, a missing adapter fails the test (``claude_cli`` raises).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import connections
+
+from delegation import services
+from delegation.runner.acp import AcpEngine, AcpPreset
+from delegation.runner.host import RunnerHost
+from tests import live_server
+
+model_stub = pytest.importorskip(
+    "tests.agents.model_stub", reason="the scripted model endpoint is not on this branch yet"
+)
+claude_cli = pytest.importorskip(
+    "tests.agents.claude_cli", reason="the Claude Code CLI helpers are not on this branch yet"
+)
+
+daphne_factory = live_server.daphne_factory
+daphne_server = live_server.daphne_server
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {"backoff_initial": 0.05, "backoff_max": 0.5, "call_timeout": 30}
+
+
+@pytest.fixture(autouse=True)
+def no_declared_level(monkeypatch):
+    monkeypatch.delenv("PANDO_DELEGATION_DEPTH", raising=False)
+
+
+@pytest.fixture(autouse=True)
+async def close_worker_connections():
+    yield
+    await sync_to_async(connections.close_all)()
+
+
+def script(request):
+    if request.tool_results:
+        said = request.tool_result_text(request.tool_results[-1])
+        return model_stub.Text(f"The command said: {said.strip()[:80]}")
+    return model_stub.ToolCall(
+        "Bash", {"command": "echo canopy", "description": "echo"}, text="Running it."
+    )
+
+
+async def test_it_runs_a_child_on_claude_code_acp_offline(daphne_server, tmp_path):
+    _runner, token = await sync_to_async(services.create_runner)("claude-acp")
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    with model_stub.ModelStub(script) as stub:
+        # Claude Code refuses to skip permission prompts as root unless told it is sandboxed.
+        env = claude_cli.offline_env(stub.url, tmp_path / "home", IS_SANDBOX="1")
+        preset = AcpPreset("claude", [claude_cli.acp_bin()], env=env, allow_tool_kinds=("execute",))
+        engine = AcpEngine([preset], str(workspace))
+        host = RunnerHost(
+            daphne_server.ws_url, token, engine, extension_id="claude", client_options=FAST
+        )
+        ext, gen, c = host.extension_id, host.generation, host.client
+        async with host:
+            await c.open_run("root-conv", "root-run")
+            child = await c.child_start(
+                "root-run",
+                ext,
+                gen,
+                {"requestId": "r1", "profile": "claude", "message": "run echo canopy"},
+            )
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 90
+            events, after = [], 0
+            while True:
+                result = await c.child_read("root-run", ext, gen, child.child_id, after=after)
+                events.extend(result.events)
+                after = result.last_sequence or after
+                if result.done and not result.events:
+                    break
+                assert loop.time() < deadline, [e.raw for e in events]
+                await asyncio.sleep(0.1)
+            await c.finish("root-run", output="ok")
+        assert len(stub.turns) >= 2
+    assert result.status == "succeeded", result.error
+    assert result.output == "The command said: canopy"
+    kinds = [e.kind for e in events]
+    assert kinds[0] == "session" and kinds[-1] == "result"
+    use = next(e for e in events if e.kind == "tool-use")
+    done = next(e for e in events if e.kind == "tool-result")
+    assert use.tool_call_id == done.tool_call_id and use.tool_call_id.startswith("toolu_")
+    assert done.success is True and "canopy" in str(done.tool_output)
+    assert kinds.count("tool-use") == 1  # announced twice by the adapter, shown once
