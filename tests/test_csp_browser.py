@@ -68,6 +68,7 @@ def test_it_loads_every_page_with_no_content_security_policy_violation(
                 ("/audit/", "table"),
                 ("/admin/", "#site-name"),
                 ("/admin/delegation/run/", "#result_list"),
+                ("/api/docs", ".swagger-ui .info"),
             ):
                 page.goto(server.http_url + path)
                 page.wait_for_selector(ready)
