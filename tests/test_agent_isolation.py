@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,9 @@ async def close_worker_connections():
     await sync_to_async(connections.close_all)()
 
 
-def setup_hunt(tmp_path: Path, preset_extra: dict) -> tuple[Path, Path, Path, Path]:
+def setup_hunt(
+    tmp_path: Path, preset_extra: dict, python: str = PYTHON
+) -> tuple[Path, Path, Path, Path]:
     workspace, outside, private = tmp_path / "ws", tmp_path / "outside", tmp_path / "private"
     for path in (workspace, outside, private):
         path.mkdir()
@@ -52,7 +55,7 @@ def setup_hunt(tmp_path: Path, preset_extra: dict) -> tuple[Path, Path, Path, Pa
     token_file = private / "runner.token"
     preset = {
         "name": "hunter",
-        "command": [PYTHON, "-I", str(workspace / "hunter.py"), str(token_file), str(outside)],
+        "command": [python, "-I", str(workspace / "hunter.py"), str(token_file), str(outside)],
         **preset_extra,
     }
     config = tmp_path / "presets.json"
@@ -128,6 +131,40 @@ async def test_it_confines_a_bwrap_agent_to_the_workspace_away_from_the_token_fi
     assert report["found"] == {}, report["found"]
     assert not report["readTokenFile"] and not report["wroteOutside"], report
     assert not (outside / "planted").exists()
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
+    reason="switching to another account needs a root runner and a system python",
+)
+async def test_it_runs_a_user_preset_agent_unable_to_read_the_runner(daphne_server, tmp_path):
+    _runner, token = await sync_to_async(services.create_runner)("hunted-as-nobody")
+    # Under /tmp, not pytest's owner-only directory: the agent's account must reach its files.
+    base = Path(tempfile.mkdtemp(prefix="canopy-user-preset-"))
+    try:
+        base.chmod(0o755)
+        workspace, outside, token_file, config = setup_hunt(
+            base, {"user": "nobody"}, python="/usr/bin/python3"
+        )
+        for path in (workspace, outside):
+            path.chmod(0o755)
+        (base / "private").chmod(0o700)
+        token_file.write_text(token)
+        token_file.chmod(0o600)
+        await asyncio.to_thread(
+            run_runner,
+            daphne_server,
+            config,
+            workspace,
+            ["--token-file", str(token_file)],
+            runner_env(CANOPY_RUNNER_TOKEN=token),
+        )
+        report = await hunt_report()
+        assert token not in json.dumps(report["found"]), report["found"]
+        assert not report["readParentEnviron"] and not report["readTokenFile"], report
+        assert not report["wroteOutside"], report
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 async def test_it_refuses_a_token_file_others_can_read(daphne_server, tmp_path):
