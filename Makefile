@@ -35,15 +35,23 @@ $(AGENTS_STAMP):
 
 agents: $(AGENTS_STAMP)
 
+# The settings refuse the development SECRET_KEY with DEBUG off: without one in the
+# environment, run and serve use a random key made once for this checkout (owner-only file).
+DEV_KEY := var/dev-secret-key
+KEYED := SECRET_KEY="$${SECRET_KEY:-$$(cat $(DEV_KEY))}"
+
+$(DEV_KEY):
+	@mkdir -p var && umask 077 && $(PY) -c 'import secrets; print(secrets.token_urlsafe(50))' > $@
+
 # Migrate, create the demo operator and runner, then serve with a scripted runner growing trees.
-run: install
-	$(PY) manage.py migrate --noinput
-	$(PY) manage.py demo --host $(HOST) --port $(PORT)
+run: install $(DEV_KEY)
+	$(KEYED) $(PY) manage.py migrate --noinput
+	$(KEYED) $(PY) manage.py demo --host $(HOST) --port $(PORT)
 
 # The server alone, without the demo runner.
-serve: install
-	$(PY) manage.py migrate --noinput
-	$(PY) -m canopy.serving $(HOST) $(PORT)
+serve: install $(DEV_KEY)
+	$(KEYED) $(PY) manage.py migrate --noinput
+	$(KEYED) $(PY) -m canopy.serving $(HOST) $(PORT)
 
 test: install agents
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -6,6 +6,7 @@ with a message naming the variable instead of surfacing later as a wrong cap.
 """
 
 import os
+import sys
 from pathlib import Path
 
 import dj_database_url
@@ -64,7 +65,28 @@ def env_list(name, default):
 
 
 DEBUG = env_bool("DEBUG", False)
-SECRET_KEY = env_str("SECRET_KEY", "canopy-insecure-development-key-change-me")
+DEVELOPMENT_SECRET_KEY = "canopy-insecure-development-key-change-me"
+SECRET_KEY = env_str("SECRET_KEY", DEVELOPMENT_SECRET_KEY)
+# Anyone who knows the key forges session cookies: outside DEBUG, a known or short key is a
+# start-up error, not a silent default.
+# `manage.py runner` is a client of the server that signs nothing: a runner machine needs no
+# server key (and should not hold one).
+_RUNNER_ONLY = sys.argv[1:2] == ["runner"]
+if (
+    not DEBUG
+    and not _RUNNER_ONLY
+    and (SECRET_KEY == DEVELOPMENT_SECRET_KEY or len(SECRET_KEY) < 50)
+):
+    _got = (
+        "the development default"
+        if SECRET_KEY == DEVELOPMENT_SECRET_KEY
+        else f"{len(SECRET_KEY)} characters"
+    )
+    raise ImproperlyConfigured(
+        f"SECRET_KEY must be a random value of at least 50 characters when DEBUG is off (got "
+        f"{_got}); generate one with python -c 'import secrets; print(secrets.token_urlsafe(50))'"
+        ", or set DEBUG=true for development"
+    )
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -78,6 +100,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "ninja",
+    "axes",
     "delegation",
     "dashboard",
 ]
@@ -90,6 +113,14 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "dashboard.security.ContentSecurityPolicyMiddleware",
+    # Last, as django-axes requires: it turns a locked-out sign-in into its 429 page.
+    "axes.middleware.AxesMiddleware",
+]
+
+AUTHENTICATION_BACKENDS = [
+    "dashboard.security.SignInThrottle",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 ROOT_URLCONF = "canopy.urls"
@@ -196,9 +227,44 @@ LIVE_HEARTBEAT_SECONDS = env_float("LIVE_HEARTBEAT_SECONDS", 10.0, minimum=0.05)
 # Unsent bytes a live socket may pile up before the client is closed as too slow (4408).
 LIVE_MAX_BACKLOG_BYTES = env_int("LIVE_MAX_BACKLOG_BYTES", 2 * 1024 * 1024, minimum=65536)
 
+# --- Security (README "Production settings") ------------------------------------------------
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": 12},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+# Sign-in throttling: after this many failed sign-ins for one username from one address, that
+# pair is locked out for AXES_COOLOFF_MINUTES (an admin unlocks earlier: manage.py axes_reset).
+AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = env_float("AXES_COOLOFF_MINUTES", 15.0, minimum=0) / 60  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
+
+# Served over HTTPS (usually behind a proxy that terminates TLS): all off by default so plain
+# http://127.0.0.1 development keeps working; the README lists the production values.
+if env_bool("SECURE_PROXY_SSL_HEADER", False):
+    # Only behind a proxy that sets X-Forwarded-Proto itself and strips the client's.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+
 # --- The rest -------------------------------------------------------------------------------
 
-AUTH_PASSWORD_VALIDATORS = []
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False

@@ -32,6 +32,9 @@ MAX_CWD_BYTES = 8 * KIB
 MAX_PRESETS_PER_EXTENSION = 32
 MAX_EVENT_FIELD_BYTES = 32 * KIB
 MAX_KIND_BYTES = 64
+# Deeper nesting than any frame needs; past it the decoder (and every recursive walk after it)
+# would run into Python's recursion limit.
+MAX_NESTING = 64
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
@@ -63,6 +66,9 @@ def loads_strict(text: str | bytes) -> Any:
             text = text.decode("utf-8")
         except UnicodeDecodeError:
             raise RpcError(PARSE_ERROR, "parse error: frame is not valid UTF-8") from None
+    too_deep = RpcError(
+        PARSE_ERROR, f"parse error: nested deeper than {MAX_NESTING} arrays or objects"
+    )
     try:
         # json.loads already refuses anything but whitespace after the value ("Extra data").
         value = json.loads(
@@ -72,6 +78,11 @@ def loads_strict(text: str | bytes) -> Any:
         raise RpcError(PARSE_ERROR, f"parse error: duplicate key {exc.args[0]!r}") from None
     except ValueError as exc:
         raise RpcError(PARSE_ERROR, f"parse error: {exc}") from None
+    except RecursionError:
+        raise too_deep from None
+    # Two C-level counts keep the walk off the common, shallow frame.
+    if text.count("[") + text.count("{") > MAX_NESTING and _nesting(value) > MAX_NESTING:
+        raise too_deep
     # A "\\ud800" escape is valid JSON syntax but no text: refuse it here, once, instead of
     # failing later wherever the string is first encoded.
     if "\\ud" in text or "\\uD" in text:
@@ -82,6 +93,25 @@ def loads_strict(text: str | bytes) -> Any:
                 PARSE_ERROR, "parse error: a string holds an unpaired UTF-16 surrogate"
             ) from None
     return value
+
+
+def _nesting(value: Any) -> int:
+    """How deeply arrays and objects nest in ``value``, walked without recursion."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict):
+            children = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        deepest = max(deepest, level)
+        if deepest > MAX_NESTING:
+            return deepest
+        stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def refuse_nul(value: Any, prefix: str = "params") -> None:

@@ -20,6 +20,7 @@ from delegation.runner.scripted import ScriptedConfig, ScriptedEngine
 log = logging.getLogger("canopy.runner")
 
 DEFAULT_URL = "ws://127.0.0.1:8000/ws/runner/"
+TOKEN_ENV = "CANOPY_RUNNER_TOKEN"
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -35,7 +36,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="runner token (prefer env CANOPY_RUNNER_TOKEN or --token-file: argv is visible "
         "to other users of the machine)",
     )
-    parser.add_argument("--token-file", default=None, help="read the runner token from a file")
+    parser.add_argument(
+        "--token-file",
+        default=None,
+        help="read the runner token from a file only its owner can read (mode 600)",
+    )
+    parser.add_argument("--token-fd", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--engine", choices=("scripted", "command", "acp"), default="scripted")
     parser.add_argument("--config", default=None, help="presets JSON file (command, acp)")
     parser.add_argument(
@@ -106,15 +112,86 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 
 def read_token(args) -> str:
+    if getattr(args, "token_fd", None) is not None:
+        return _read_fd(args.token_fd)
     if args.token:
         return args.token.strip()
     if args.token_file:
-        with open(args.token_file, encoding="utf-8") as fh:
-            return fh.read().strip()
-    token = os.environ.get("CANOPY_RUNNER_TOKEN", "").strip()
+        return read_token_file(args.token_file)
+    token = os.environ.get(TOKEN_ENV, "").strip()
     if not token:
         raise SystemExit("runner: no token (use --token-file, --token or CANOPY_RUNNER_TOKEN)")
     return token
+
+
+def read_token_file(path: str) -> str:
+    try:
+        mode = os.stat(path).st_mode
+        if mode & 0o077:
+            raise SystemExit(
+                f"runner: --token-file {path} is readable by others (mode {mode & 0o777:o}); "
+                f"chmod 600 it"
+            )
+        with open(path, encoding="utf-8") as fh:
+            token = fh.read().strip()
+    except OSError as exc:
+        raise SystemExit(f"runner: cannot read --token-file {path}: {exc.strerror}") from None
+    if not token:
+        raise SystemExit(f"runner: --token-file {path} is empty")
+    return token
+
+
+def _read_fd(fd: int) -> str:
+    chunks = []
+    with contextlib.suppress(OSError):
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", errors="replace").strip()
+
+
+def hide_token(argv: list[str]) -> None:
+    """Re-exec this process with the token in neither its environment nor its arguments.
+
+    ``/proc/<pid>/environ`` and ``cmdline`` keep what the process was started with whatever
+    it deletes later, and an agent running as the same user can read both: a token given in
+    ``CANOPY_RUNNER_TOKEN`` or ``--token`` moves into a pipe the new image reads once
+    (``--token-fd``). ``argv`` is the whole command line, interpreter included
+    (``sys.orig_argv``). Returns only when there is nothing to hide.
+    """
+    if "--token-fd" in argv:
+        return
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    given_file = any(a == "--token-file" or a.startswith("--token-file=") for a in argv)
+    kept: list[str] = []
+    skip = False
+    flagged = None
+    for arg in argv:
+        if skip:
+            flagged, skip = arg, False
+        elif arg == "--token":
+            skip = True
+        elif arg.startswith("--token="):
+            flagged = arg.split("=", 1)[1]
+        else:
+            kept.append(arg)
+    if flagged is not None:
+        token = flagged.strip()
+    elif given_file:
+        token = ""  # the file wins; the environment copy is only dropped
+    if TOKEN_ENV not in os.environ and flagged is None:
+        return
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    if token:
+        read_end, write_end = os.pipe()
+        os.write(write_end, token.encode("utf-8"))
+        os.close(write_end)
+        os.set_inheritable(read_end, True)
+        kept += ["--token-fd", str(read_end)]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, kept, env)
 
 
 def build_engine(args):
@@ -260,6 +337,8 @@ async def demo(host: RunnerHost, engine: ScriptedEngine, args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the real command line, not a call from Python
+        hide_token(list(sys.orig_argv))
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level)
     return asyncio.run(run(args))

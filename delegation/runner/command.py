@@ -5,7 +5,9 @@ line; for each child the engine:
 
 - starts the command in its own process group, with ``PANDO_DELEGATION_DEPTH`` set to the
   child's depth (so an agent that spawns its own subagents keeps the cap), the child's identity
-  in ``CANOPY_*`` variables, and the runner's token removed from the environment;
+  in ``CANOPY_*`` variables, and otherwise only ``PATH``, ``HOME``, ``LANG``, ``TERM`` and the
+  preset's ``env``: none of the runner's own environment (its token, server secrets);
+- optionally inside bubblewrap (``"sandbox": "bwrap"``) and/or as another account (``"user"``);
 - runs it in the runner's workspace, or in the request's ``cwd`` resolved inside it (symlinks
   included: a ``cwd`` that resolves outside the workspace is refused);
 - turns each stdout line into events by the preset's ``format`` (:mod:`delegation.runner.
@@ -18,7 +20,9 @@ line; for each child the engine:
 
 Placeholders in the command line (``{message}``, ``{systemPrompt}``, ``{runId}``,
 ``{conversationId}``, ``{profile}``, ``{depth}``, ``{cwd}``, ``{workspace}``) are replaced
-per argument, never through a shell.
+per argument in one pass, never through a shell; a message starting with ``-`` is still one
+argument, so put ``--`` before ``{message}`` where the program accepts it, or the program reads
+it as an option.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import contextlib
 import json
 import logging
 import os
+import pwd
+import re
 import shlex
 import signal
 from collections.abc import Mapping
@@ -54,8 +60,13 @@ PLACEHOLDERS = (
     "cwd",
     "workspace",
 )
-# Never handed to an agent: the runner's own credential.
-SECRET_ENV = ("CANOPY_RUNNER_TOKEN",)
+_PLACEHOLDER = re.compile("\\{(" + "|".join(PLACEHOLDERS) + ")\\}")
+# All an agent gets of the runner's environment: anything else (the runner's token,
+# SECRET_KEY, DATABASE_URL, cloud credentials) stays with the runner.
+PASSED_ENV = ("PATH", "HOME", "LANG", "TERM")
+SANDBOXES = ("bwrap",)
+# What a bwrap sandbox sees of the machine, read-only: the system, not the runner's files.
+SANDBOX_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
 MAX_LINE = 1024 * 1024
 FIT_BYTES = 256 * 1024
 FIELD_BYTES = 32 * 1024
@@ -73,6 +84,9 @@ class CommandPreset:
     cancel_grace: float = 5.0  # seconds between SIGTERM and SIGKILL
     steer_format: str = "text"  # "text": the message on one line; "json": a JSON object line
     format: str = "lines"  # how stdout is read: see delegation.runner.formats
+    sandbox: str | None = None  # "bwrap": private /proc, the workspace the only writable path
+    read_only: tuple[str, ...] = ()  # more paths a sandboxed agent may read (an interpreter)
+    user: str | None = None  # run the agent as this account (the runner must be root)
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any]) -> CommandPreset:
@@ -86,6 +100,9 @@ class CommandPreset:
             "cancelGraceSeconds",
             "steerFormat",
             "format",
+            "sandbox",
+            "readOnly",
+            "user",
         }
         unknown = set(raw) - known
         if unknown:
@@ -116,9 +133,28 @@ class CommandPreset:
         grace = raw.get("cancelGraceSeconds", 5.0)
         if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
             raise ValueError(f"preset {name!r}: 'cancelGraceSeconds' must be a number >= 0")
+        sandbox = raw.get("sandbox")
+        if sandbox is not None and sandbox not in SANDBOXES:
+            raise ValueError(f"preset {name!r}: 'sandbox' must be one of {', '.join(SANDBOXES)}")
+        read_only = raw.get("readOnly", [])
+        if not isinstance(read_only, list) or not all(
+            isinstance(p, str) and os.path.isabs(p) for p in read_only
+        ):
+            raise ValueError(f"preset {name!r}: 'readOnly' must be a list of absolute paths")
+        user = raw.get("user")
+        if user is not None:
+            if not isinstance(user, str) or not user:
+                raise ValueError(f"preset {name!r}: 'user' must be an account name")
+            try:
+                pwd.getpwnam(user)
+            except KeyError:
+                raise ValueError(f"preset {name!r}: 'user' {user!r} is no account here") from None
         return cls(
             name=name,
             command=command,
+            sandbox=sandbox,
+            read_only=tuple(read_only),
+            user=user,
             system_prompt=raw.get("systemPrompt", "") or "",
             options=raw.get("options"),
             env=env,
@@ -257,7 +293,9 @@ class CommandEngine:
     # -- one child -----------------------------------------------------------------------
 
     def environment(self, ctx: RunContext, preset: CommandPreset, cwd: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+        if preset.user:
+            env["HOME"] = pwd.getpwnam(preset.user).pw_dir
         env.update(preset.env)
         env.update(
             {
@@ -287,21 +325,32 @@ class CommandEngine:
             "cwd": cwd,
             "workspace": self.workspace,
         }
-        out = []
-        for arg in preset.command:
-            for key in PLACEHOLDERS:
-                arg = arg.replace("{" + key + "}", values[key])
-            out.append(arg)
+        # One pass: a value is never scanned again, so "{cwd}" inside a message stays text.
+        return [_PLACEHOLDER.sub(lambda m: values[m.group(1)], arg) for arg in preset.command]
+
+    def bwrap(self, preset: CommandPreset, cwd: str) -> list[str]:
+        """The bubblewrap prefix: the system read-only, the workspace the one writable path,
+        a private /proc (no other process, the runner included, is visible), a fresh /tmp."""
+        out = ["bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--new-session"]
+        for path in SANDBOX_SYSTEM + preset.read_only:
+            out += ["--ro-bind-try", path, path]
+        out += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        out += ["--bind", self.workspace, self.workspace, "--chdir", cwd, "--"]
         return out
 
     async def run(self, ctx: RunContext) -> Outcome:
         preset = self.presets_by_name[ctx.preset.name if ctx.preset else ctx.profile]
         cwd = confine(self.workspace, ctx.cwd or preset.cwd)
         argv = self.argv(ctx, preset, cwd)
+        if preset.sandbox == "bwrap":
+            argv = self.bwrap(preset, cwd) + argv
         process = await asyncio.create_subprocess_exec(
             *argv,
             cwd=cwd,
             env=self.environment(ctx, preset, cwd),
+            user=preset.user,
+            # A user switch must not keep root's supplementary groups.
+            extra_groups=[] if preset.user else None,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,

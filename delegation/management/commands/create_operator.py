@@ -5,6 +5,8 @@ import secrets
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from delegation import roles
@@ -27,8 +29,15 @@ class Command(BaseCommand):
         if not username.strip():
             raise CommandError("username must not be blank")
         User = get_user_model()
-        user, created = User.objects.get_or_create(username=username, defaults={"email": email})
         password = password or os.environ.get("CANOPY_PASSWORD") or None
+        existing = User.objects.filter(username=username).first()
+        if password is not None:
+            # Checked before anything is saved: a refused password leaves no half-made account.
+            try:
+                validate_password(password, existing or User(username=username, email=email))
+            except ValidationError as exc:
+                raise CommandError("password refused: " + " ".join(exc.messages)) from None
+        user, created = User.objects.get_or_create(username=username, defaults={"email": email})
         generated = False
         if password is None and created:
             password = secrets.token_urlsafe(12)

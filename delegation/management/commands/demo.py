@@ -32,6 +32,14 @@ from delegation import roles, services
 
 BASE_DIR = Path(settings.BASE_DIR)
 RUNNER_NAME = "demo-runner"
+# The server's own secrets: the demo runner is started without them.
+SERVER_SECRETS = (
+    "SECRET_KEY",
+    "DATABASE_URL",
+    "REDIS_URL",
+    "CANOPY_RUNNER_TOKEN",
+    "CANOPY_PASSWORD",
+)
 
 
 class Command(BaseCommand):
@@ -83,10 +91,11 @@ class Command(BaseCommand):
             self.stderr.write(f"Port {port} is already in use; stop that server or pass --port.")
             return 1
         seed = opts["seed"] if opts["seed"] is not None else secrets.randbelow(10**6)
+        # Django-free (python -m): the runner needs none of the server's settings or secrets.
         runner_cmd = [
             sys.executable,
-            str(BASE_DIR / "manage.py"),
-            "runner",
+            "-m",
+            "delegation.runner",
             "--url",
             f"ws://{reachable_host(host)}:{port}/ws/runner/",
             "--engine",
@@ -106,8 +115,14 @@ class Command(BaseCommand):
             str(seed),
         ]
         env = dict(os.environ)
-        env["CANOPY_RUNNER_TOKEN"] = token  # the environment, not argv: ps shows argv
         env.pop("PANDO_DELEGATION_DEPTH", None)  # demo roots are top-level
+        # The runner's environment and argv stay token-free (any process of this user reads
+        # /proc/<pid>/environ and cmdline): the token goes through a pipe it reads once.
+        runner_env = {k: v for k, v in env.items() if k not in SERVER_SECRETS}
+        token_fd, write_end = os.pipe()
+        os.write(write_end, token.encode("utf-8"))
+        os.close(write_end)
+        runner_cmd += ["--token-fd", str(token_fd)]
         stop = {"signal": None}
 
         def on_signal(signum, _frame):
@@ -125,7 +140,15 @@ class Command(BaseCommand):
             except ServerDidNotStart as failure:
                 self.stderr.write(f"The server did not start ({failure}); see its output above.")
                 return 1
-            runner = subprocess.Popen(runner_cmd, cwd=BASE_DIR, env=env, start_new_session=True)
+            runner = subprocess.Popen(
+                runner_cmd,
+                cwd=BASE_DIR,
+                env=runner_env,
+                start_new_session=True,
+                pass_fds=(token_fd,),
+            )
+            os.close(token_fd)
+            token_fd = None
             self.stdout.write(
                 f"Serving on {host}:{port} with the demo runner (seed {seed}). Ctrl-C stops both."
             )
@@ -142,5 +165,7 @@ class Command(BaseCommand):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if token_fd is not None:
+                os.close(token_fd)
             stop_server(runner)
             stop_server(server)

@@ -5,6 +5,7 @@ the same way as the rest of Canopy's tooling.
 """
 
 import asyncio
+import sys
 
 from django.core.management.base import BaseCommand
 
@@ -21,6 +22,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         import argparse
+
+        if sys.argv[1:2] == ["runner"]:  # started as `manage.py runner`, not call_command
+            cli.hide_token(list(sys.orig_argv))
 
         namespace = argparse.Namespace(**options)
         cli.configure_logging(namespace.log_level)

@@ -1,0 +1,81 @@
+"""Finding 13: every page works under the Content-Security-Policy in a real browser."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.contrib.auth.models import Group, User
+
+from delegation import services
+from tests.browser import CHROMIUM, ScriptedRunner, launch, sign_in
+from tests.live_server import daphne_factory  # noqa: F401  (fixture)
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium package"),
+    pytest.mark.timeout(180),
+]
+
+
+@pytest.fixture
+def allow_orm_from_playwright():
+    # Playwright's sync API runs an event loop in this thread, and the test reads the ORM.
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    yield
+    if previous is None:
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    else:
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+def test_it_loads_every_page_with_no_content_security_policy_violation(
+    daphne_factory,  # noqa: F811
+    allow_orm_from_playwright,
+):
+    from playwright.sync_api import sync_playwright
+
+    server = daphne_factory(LIVE_HEARTBEAT_SECONDS="1")
+    user = User.objects.create_user("cora", password="pw", is_staff=True)
+    user.groups.add(Group.objects.get_or_create(name="admin")[0])
+    _runner, token = services.create_runner("csp-runner")
+    runner = ScriptedRunner(f"ws://127.0.0.1:{server.port}/ws/runner/", token).start()
+    try:
+        runner.open("root-1")
+        runner.text("root-1", "hello")
+        with sync_playwright() as playwright:
+            browser = launch(playwright)
+            page = browser.new_page()
+            page.set_default_timeout(15000)
+            console: list[str] = []
+            page.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}"))
+            policies = []
+            page.on(
+                "response",
+                lambda r: (
+                    policies.append(r.headers.get("content-security-policy"))
+                    if r.request.resource_type == "document"
+                    else None
+                ),
+            )
+            sign_in(page, server.http_url, "cora", "pw")
+            page.wait_for_selector("#live-state[data-state=live]")
+            for path, ready in (
+                ("/trees/root-1/", '#tree [data-run-id="root-1"]'),
+                ("/runs/root-1/", '#events [data-sequence="1"]'),
+                ("/runners/", "table"),
+                ("/audit/", "table"),
+                ("/admin/", "#site-name"),
+                ("/admin/delegation/run/", "#result_list"),
+                ("/api/docs", ".swagger-ui .info"),
+            ):
+                page.goto(server.http_url + path)
+                page.wait_for_selector(ready)
+                page.wait_for_timeout(300)  # violations are reported asynchronously
+            browser.close()
+    finally:
+        runner.close()
+    assert policies and all(p and "script-src 'self'" in p for p in policies), policies
+    violations = [line for line in console if "Content Security Policy" in line]
+    assert violations == [], violations
