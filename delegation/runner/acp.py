@@ -57,13 +57,12 @@ from acp.schema import (
 from delegation import depth as depthlib
 from delegation import errors as codes
 from delegation.client import Preset, RpcError, event
-from delegation.runner.command import confine
+from delegation.runner.command import PASSED_ENV, confine
 from delegation.runner.formats import COALESCE_BYTES, clip, usage_event
 from delegation.runner.host import Outcome, RunContext
 
 log = logging.getLogger("canopy.runner.acp")
 
-SECRET_ENV = ("CANOPY_RUNNER_TOKEN",)
 TOOL_KINDS = (
     "read",
     "edit",
@@ -489,7 +488,9 @@ class AcpEngine:
             raise RpcError(codes.INVALID_PARAMS, f"request.cwd: {exc}") from None
 
     def environment(self, ctx: RunContext, preset: AcpPreset, cwd: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        # The command engine's allow-list: none of the runner's own environment (its token,
+        # server secrets) reaches the agent.
+        env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
         env.update(preset.env)
         env.update(
             {
