@@ -37,7 +37,7 @@ def _operator_cookie() -> bytes:
 
 
 async def test_it_sends_an_error_frame_for_deep_nesting_and_keeps_the_live_socket():
-    from dashboard.asgi import application
+    from canopy.asgi import application
 
     cookie = await database_sync_to_async(_operator_cookie)()
     ws = WebsocketCommunicator(
