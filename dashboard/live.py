@@ -65,10 +65,11 @@ from channels.security.websocket import AllowedHostsOriginValidator
 from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from delegation import notify, roles, selectors, services
+from delegation import notify, roles, selectors
 from delegation.errors import RpcError
 from delegation.models import TERMINAL_STATUSES, Event, Run, Runner
 from delegation.protocol import CLOSE_FORBIDDEN, CLOSE_UNAUTHORIZED, bearer_token
+from delegation.services import tokens
 from delegation.wire import RunSnapshot, describe, dumps, loads_strict, valid_id
 
 log = logging.getLogger(__name__)
@@ -478,7 +479,7 @@ def runner_rows() -> list[dict]:
 def _authorise(user, token: str):
     """The user behind the session or the bearer token, and their role (or None)."""
     if token:
-        user = services.authenticate_api_token(token)
+        user = tokens.authenticate_api_token(token)
     if user is None or not getattr(user, "is_authenticated", False):
         return None, None
     return user, roles.role_of(user)

@@ -36,7 +36,7 @@ from delegation.models import (
     Runner,
     RunStatus,
 )
-from delegation.services import Actor, do_cancel_run, do_release_lease, do_steer_run
+from delegation.services.operator import Actor, do_cancel_run, do_release_lease, do_steer_run
 
 SINCE_CHOICES = (
     ("", "Any time"),

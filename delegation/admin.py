@@ -31,7 +31,7 @@ from delegation.models import (
     Session,
     SteerReceipt,
 )
-from delegation.services import Actor, do_cancel_run, do_release_lease, do_steer_run
+from delegation.services.operator import Actor, do_cancel_run, do_release_lease, do_steer_run
 
 
 class RoleAdmin(admin.ModelAdmin):

@@ -599,17 +599,17 @@ def make_operator(name: str = "olga", role: str = "operator") -> str:
     """A user in the role's group and an API token for it (sync; commit before servers read)."""
     from django.contrib.auth.models import Group, User
 
-    from delegation import services
+    from delegation.services import tokens
 
     user = User.objects.create_user(name)
     user.groups.add(Group.objects.get_or_create(name=role)[0])
-    return services.create_api_token(user)[1]
+    return tokens.create_api_token(user)[1]
 
 
 def make_runner(name: str) -> str:
-    from delegation import services
+    from delegation.services import tokens
 
-    return services.create_runner(name)[1]
+    return tokens.create_runner(name)[1]
 
 
 def stored_events(run_id: str) -> list[dict]:

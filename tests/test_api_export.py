@@ -11,8 +11,9 @@ from django.http import StreamingHttpResponse
 from django.test import AsyncClient
 
 from dashboard.api import export
-from delegation import selectors, services
+from delegation import selectors
 from delegation.models import Event, Run
+from delegation.services import tokens
 from tests.test_api_support import as_, build_world, emit, make_user, people, world  # noqa: F401
 
 EVENTS = 30_000
@@ -129,7 +130,7 @@ async def test_it_streams_through_the_production_asgi_application(monkeypatch):
     def setup():
         world = build_world()
         emit(world.conn, "root-1", [f"line {i}" for i in range(2500)], start=5)
-        return services.create_api_token(make_user("vera", "viewer"), "t")[1]
+        return tokens.create_api_token(make_user("vera", "viewer"), "t")[1]
 
     token = await sync_to_async(setup)()
     monkeypatch.setattr(export, "PAGE_SIZE", 100)
@@ -182,7 +183,7 @@ async def test_it_streams_through_the_production_asgi_application(monkeypatch):
 async def test_it_hands_asgi_an_asynchronous_iterator():
     def setup():
         build_world()
-        return services.create_api_token(make_user("vera", "viewer"), "t")[1]
+        return tokens.create_api_token(make_user("vera", "viewer"), "t")[1]
 
     token = await sync_to_async(setup)()
     response = await AsyncClient().get(

@@ -15,7 +15,7 @@ from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
 
-from delegation import services
+from delegation.services import tokens
 from tests.test_api_support import build_world, make_user
 
 MAX_EXAMPLES = 20
@@ -52,7 +52,7 @@ def operator_world(db):
     the examples, it checks that some were answered 2xx: a wrong token would answer 401 to
     everything, which every check accepts."""
     world = build_world()
-    _, _current["token"] = services.create_api_token(make_user("otto", "operator"), "st")
+    _, _current["token"] = tokens.create_api_token(make_user("otto", "operator"), "st")
     _current["statuses"] = []
     yield world
     statuses = _current.pop("statuses")

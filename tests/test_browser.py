@@ -12,8 +12,8 @@ import re
 import pytest
 from django.contrib.auth.models import Group, User
 
-from delegation import services
 from delegation.models import AuditEntry, Event, Lease, Run
+from delegation.services import tokens
 from tests.browser import CHROMIUM, ScriptedRunner, launch, screenshot_name, sequences, sign_in
 from tests.live_server import daphne_factory  # noqa: F401  (fixture)
 
@@ -37,7 +37,7 @@ def server(daphne_factory):  # noqa: F811
 
 @pytest.fixture
 def runner(server):
-    _runner, token = services.create_runner("runner-b")
+    _runner, token = tokens.create_runner("runner-b")
     scripted = ScriptedRunner(f"ws://127.0.0.1:{server.port}/ws/runner/", token).start()
     yield scripted
     scripted.close()
@@ -218,7 +218,7 @@ def test_it_shows_every_event_once_in_order_across_a_dropped_socket_and_a_restar
     emitted = dict(runner.emitted)
     runner.close()
     server.restart(kill=True)
-    token = services.create_runner("runner-b")[1]
+    token = tokens.create_runner("runner-b")[1]
     again = ScriptedRunner(f"ws://127.0.0.1:{server.port}/ws/runner/", token).start()
     again.emitted = emitted
     try:

@@ -16,7 +16,8 @@ from django.contrib.auth.models import Group, User
 from django.test import Client
 
 from dashboard import live as livemod
-from delegation import notify, services
+from delegation import models, notify
+from delegation.services import operator, tokens
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ORIGIN = (b"origin", b"http://127.0.0.1")
@@ -36,7 +37,7 @@ def _session_cookie(name: str, role: str | None) -> bytes:
 
 
 def _token(name: str, role: str | None) -> str:
-    return services.create_api_token(_user(name, role))[1]
+    return tokens.create_api_token(_user(name, role))[1]
 
 
 def live_socket(headers) -> WebsocketCommunicator:
@@ -294,9 +295,9 @@ async def test_it_marks_refused_spawns_and_cancel_requests_on_tree_rows(runner, 
     await database_sync_to_async(user.groups.add)(
         (await database_sync_to_async(Group.objects.get_or_create)(name="operator"))[0]
     )
-    run = await database_sync_to_async(services.Run.objects.get)(run_id=child["runId"])
-    await database_sync_to_async(services.do_cancel_run)(
-        services.Actor.for_user(user, via="dashboard"), run, reason="test"
+    run = await database_sync_to_async(models.Run.objects.get)(run_id=child["runId"])
+    await database_sync_to_async(operator.do_cancel_run)(
+        operator.Actor.for_user(user, via="dashboard"), run, reason="test"
     )
     await until(
         ws,

@@ -8,7 +8,7 @@ import json
 import pytest
 import websockets
 
-from delegation import services
+from delegation.services import tokens
 from tests import live_server
 
 daphne_factory = live_server.daphne_factory
@@ -23,7 +23,7 @@ async def _call(ws, rpc_id, method, params):
 
 
 def test_it_refuses_a_frame_over_1_mib_and_keeps_the_connection_open(daphne_server):
-    _runner, token = services.create_runner("big-frames")
+    _runner, token = tokens.create_runner("big-frames")
 
     async def scenario():
         async with websockets.connect(

@@ -34,8 +34,9 @@ from dashboard.api.schemas import (
     TreeNode,
     cursor_param,
 )
-from delegation import selectors, services
+from delegation import selectors
 from delegation.models import RunStatus
+from delegation.services import operator
 
 router = Router(tags=["runs"])
 
@@ -318,7 +319,7 @@ def export_events(request, runId: str, params: Query[ExportParams]):  # noqa: N8
 def cancel_run(request, runId: str, body: CancelBody = CancelBody()):  # noqa: N803, B008
     run = find_run(runId)
     body = body or CancelBody()
-    return services.do_cancel_run(actor_for(request), run, reason=body.reason, cascade=body.cascade)
+    return operator.do_cancel_run(actor_for(request), run, reason=body.reason, cascade=body.cascade)
 
 
 @router.post(
@@ -334,6 +335,6 @@ def cancel_run(request, runId: str, body: CancelBody = CancelBody()):  # noqa: N
 @strict_query(NoParams)
 def steer_run(request, runId: str, body: SteerBody):  # noqa: N803
     run = find_run(runId)
-    return services.do_steer_run(
+    return operator.do_steer_run(
         actor_for(request), run, request_id=body.request_id, message=body.message
     )
