@@ -282,7 +282,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
                             "jsonrpc": "2.0",
                             "id": command.rpc_id,
                             "method": command.method,
-                            "params": command.params,
+                            "params": command.wire_params(),
                         }
                     )
                 if len(commands) < 100:

@@ -159,6 +159,18 @@ def do_steer_run(actor: Actor, run: Run, *, request_id: str, message: str) -> di
             )
         if run.status == RunStatus.RUNNING and run.cancel_requested_at is None:
             outcome, reason = "injected", ""
+        else:
+            outcome, reason = "promptRequired", "noRunningTurn"
+        receipt = SteerReceipt.objects.create(
+            session=session,
+            run=run,
+            request_id=request_id,
+            message=message,
+            outcome=outcome,
+            reason=reason,
+            actor=actor.label,
+        )
+        if outcome == "injected":
             store_server_event(
                 run,
                 "steer",
@@ -169,28 +181,19 @@ def do_steer_run(actor: Actor, run: Run, *, request_id: str, message: str) -> di
             enqueue(
                 run.runner_id,
                 Command.Method.RUN_STEER,
-                {"runId": run.run_id, "requestId": request_id, "message": message},
+                {"runId": run.run_id},
                 run=run,
+                steer=receipt,
             )
-        else:
-            outcome, reason = "promptRequired", "noRunningTurn"
-        SteerReceipt.objects.create(
-            session=session,
-            run=run,
-            request_id=request_id,
-            message=message,
-            outcome=outcome,
-            reason=reason,
-            actor=actor.label,
-        )
-        audit(
+        receipt.audit_entry = audit(
             actor,
             "steer",
             "run",
             run.run_id,
             outcome,
-            detail={"requestId": request_id, "message": message[:500], "reason": reason},
+            detail={"message": message[:500], "reason": reason},
         )
+        receipt.save(update_fields=["audit_entry"])
         return _steer_answer(outcome, reason)
 
 
