@@ -16,6 +16,7 @@ from delegation.models import (
     Run,
     Runner,
     Session,
+    SteerReceipt,
 )
 
 RESULT_RELATED = ("session", "session__parent", "runner", "parent")
@@ -538,3 +539,8 @@ def rest_presets(runner_pk: int) -> list:
     return list(
         ExtensionPreset.objects.filter(runner_id=runner_pk).order_by("extension_id", "name")
     )
+
+
+def steer_receipts(run: Run) -> list:
+    """Every steer of one run, oldest first, with how each one turned out."""
+    return list(SteerReceipt.objects.filter(run=run).order_by("created_at", "id"))

@@ -31,6 +31,7 @@ from dashboard.api.schemas import (
     SequenceParam,
     SteerBody,
     SteerOutcome,
+    SteerReceiptList,
     TreeNode,
     cursor_param,
 )
@@ -301,6 +302,37 @@ def export_events(request, runId: str, params: Query[ExportParams]):  # noqa: N8
     run = find_run(runId)
     runs = selectors.rest_subtree_ids(run) if params.subtree else {run.pk: run.run_id}
     return export.ndjson_response(request, runs, filename=f"{run.pk}.ndjson")
+
+
+@router.get(
+    "/runs/{runId}/steers",
+    response={200: SteerReceiptList, **READ},
+    summary="A run's steers and how each turned out",
+    description="One receipt per requestId, oldest first. A steer answered `injected` is "
+    "queued for the runner; if the runner then refuses it (its turn ended first, say) the "
+    "receipt turns `undelivered` with the runner's outcome and reason, and the run's stream "
+    "gets a `steer-undelivered` event.",
+)
+@strict_query(NoParams)
+def list_steers(request, runId: str):  # noqa: N803
+    run = find_run(runId)
+    return {
+        "items": [
+            {
+                "requestId": receipt.request_id,
+                "message": receipt.message,
+                "actor": receipt.actor,
+                "createdAt": receipt.created_at,
+                "outcome": receipt.outcome,
+                "reason": receipt.reason,
+                "delivery": receipt.delivery,
+                "runnerOutcome": receipt.runner_outcome,
+                "runnerReason": receipt.runner_reason,
+                "undeliveredAt": receipt.undelivered_at,
+            }
+            for receipt in selectors.steer_receipts(run)
+        ]
+    }
 
 
 # --- Actions -----------------------------------------------------------------------------------

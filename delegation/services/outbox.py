@@ -104,6 +104,7 @@ def _steer_answered(command: Command, result, error) -> None:
         "steer-undelivered",
         actor=f"runner:{run.runner.name}",
         text=f"steer {receipt.request_id} was not delivered: {why}",
+        error=why,
         data={"requestId": receipt.request_id, "outcome": outcome, "reason": reason},
     )
     if receipt.audit_entry_id is not None:
