@@ -13,6 +13,7 @@ import pytest
 from django.contrib.auth.models import Group, User
 
 from delegation.models import AuditEntry, Event, Lease, Run
+from delegation.protocol import MAX_STEER_BYTES
 from delegation.services import tokens
 from tests.browser import CHROMIUM, ScriptedRunner, launch, screenshot_name, sequences, sign_in
 from tests.live_server import daphne_factory  # noqa: F401  (fixture)
@@ -159,6 +160,27 @@ def test_it_steers_a_running_child_and_cancels_a_subtree(server, runner, browser
     entry = AuditEntry.objects.get(action="cancel-subtree")
     assert entry.actor == "user:olga" and entry.reason == "runaway tree"
     assert AuditEntry.objects.get(action="steer").outcome == "injected"
+
+
+def test_it_shows_on_the_run_page_a_steer_the_runner_did_not_deliver(server, runner, browser):
+    person("olga", "operator")
+    runner.open("root-1")
+    child = runner.child("root-1", "c1", "write the parser")["runId"]
+    runner.steer_answer = {"outcome": "promptRequired", "reason": "turnEnded"}
+    page = browser()
+    sign_in(page, server.http_url, "olga", "pw")
+    page.goto(f"{server.http_url}/runs/{child}/")
+    page.wait_for_selector('#events [data-sequence="1"]')
+    page.fill("#steer-message", "too late")
+    page.click("[data-action=steer]")
+    page.wait_for_selector(".flash-success")
+    assert page.get_attribute("#steer-message", "maxlength") == str(MAX_STEER_BYTES)
+    refused = page.wait_for_selector('#events [data-kind="steer-undelivered"]')
+    assert "was not delivered: promptRequired (turnEnded)" in refused.text_content()
+    assert int(refused.get_attribute("data-sequence")) > int(
+        page.get_attribute('#events [data-kind="steer"]', "data-sequence")
+    )
+    assert AuditEntry.objects.get(action="steer").outcome == "undelivered: promptRequired"
 
 
 def test_it_shows_a_viewer_no_controls_and_refuses_a_forged_action(server, runner, browser):
