@@ -44,10 +44,10 @@ class Command(BaseCommand):
         self.stdout.write(token)
 
     def _list(self, user=None, **_):
-        tokens = ApiToken.objects.select_related("user").order_by("created_at", "id")
+        listed = ApiToken.objects.select_related("user").order_by("created_at", "id")
         if user is not None:
-            tokens = tokens.filter(user__username=user)
-        for api_token in tokens:
+            listed = listed.filter(user__username=user)
+        for api_token in listed:
             state = (
                 f"revoked {api_token.revoked_at:%Y-%m-%d %H:%M}"
                 if api_token.revoked_at
