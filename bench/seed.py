@@ -25,27 +25,26 @@ from django.db import connection, transaction  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from delegation import services  # noqa: E402
+from delegation import rpc  # noqa: E402
 from delegation.models import Event, Run, RunStatus, Session  # noqa: E402
+from delegation.services import runners, streams, tokens  # noqa: E402
 
 EXTENSION = {"extensionId": "bench", "generation": 1, "presets": [{"name": "worker"}]}
 TEXT = "hello world " * 4
 
 
 def _registered_runner(name: str):
-    runner, token = services.create_runner(name)
-    conn = services.Connection(runner_pk=runner.pk)
-    _, generation, _ = services.register(
-        conn, {"hostInstanceId": "bench", "extensions": [EXTENSION]}
-    )
-    return runner, token, services.Connection(runner_pk=runner.pk, generation=generation)
+    runner, token = tokens.create_runner(name)
+    conn = runners.Connection(runner_pk=runner.pk)
+    _, generation, _ = rpc.register(conn, {"hostInstanceId": "bench", "extensions": [EXTENSION]})
+    return runner, token, runners.Connection(runner_pk=runner.pk, generation=generation)
 
 
 def ceiling(rows: int, batch: int) -> dict:
     """The ORM's raw bulk_create rate for the rows ingest stores, on this database."""
     _runner, _token, conn = _registered_runner(f"ceiling-{uuid.uuid4().hex[:8]}")
     run_id = f"ceiling-{uuid.uuid4().hex}"
-    services.open_run(conn, {"conversationId": f"c-{run_id}", "runId": run_id})
+    rpc.open_run(conn, {"conversationId": f"c-{run_id}", "runId": run_id})
     run = Run.objects.get(run_id=run_id)
     now = timezone.now()
     started = time.perf_counter()
@@ -73,8 +72,8 @@ def ceiling(rows: int, batch: int) -> dict:
 def big_run(events: int) -> dict:
     """A child whose stream holds ``events`` events, for child.read at both ends."""
     _runner, token, conn = _registered_runner("reader")
-    services.open_run(conn, {"conversationId": "c-reader-root", "runId": "reader-root"})
-    child = services.child_start(
+    rpc.open_run(conn, {"conversationId": "c-reader-root", "runId": "reader-root"})
+    child = rpc.child_start(
         conn,
         {
             "runId": "reader-root",
@@ -100,7 +99,7 @@ def big_run(events: int) -> dict:
     for first in range(1, events + 1, batch):
         last = min(events, first + batch - 1)
         with transaction.atomic():
-            services._insert_events([(run.pk, n, n, now, row) for n in range(first, last + 1)])
+            streams.insert_events([(run.pk, n, n, now, row) for n in range(first, last + 1)])
     Run.objects.filter(pk=run.pk).update(last_sequence=events, emitted=events)
     return {"token": token, "runId": "reader-root", "childId": child["conversationId"]}
 
@@ -108,7 +107,7 @@ def big_run(events: int) -> dict:
 def tree(runs: int) -> dict:
     """A delegation tree of ``runs`` runs (fan-out 10), plus an operator API token."""
     runner, _token, conn = _registered_runner("tree")
-    services.open_run(conn, {"conversationId": "c-tree-root", "runId": "tree-root"})
+    rpc.open_run(conn, {"conversationId": "c-tree-root", "runId": "tree-root"})
     root = Run.objects.get(run_id="tree-root")
     now = timezone.now()
     level = [root]
@@ -159,7 +158,7 @@ def operator() -> dict:
     user.set_password("bench-password")
     user.save()
     user.groups.add(Group.objects.get(name="operator"))
-    _, api_token = services.create_api_token(user, "bench")
+    _, api_token = tokens.create_api_token(user, "bench")
     return {"username": "bench-operator", "password": "bench-password", "apiToken": api_token}
 
 
@@ -169,7 +168,7 @@ def subtree(run_id: str) -> dict:
 
     from delegation.models import ApiToken
 
-    token = services.create_api_token(ApiToken.objects.first().user, "subtree")[1]
+    token = tokens.create_api_token(ApiToken.objects.first().user, "subtree")[1]
     client = Client(headers={"authorization": f"Bearer {token}"})
     url = f"/api/runs/{run_id}/tree"
     client.get(url)  # warm caches and imports

@@ -32,7 +32,7 @@ from delegation.models import (
     Run,
     RunStatus,
 )
-from delegation.services import Actor, do_cancel_run, do_release_lease
+from delegation.services.operator import Actor, do_cancel_run, do_release_lease
 
 SINCE_CHOICES = (
     ("", "Any time"),

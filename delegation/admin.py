@@ -31,7 +31,9 @@ from delegation.models import (
     Session,
     SteerReceipt,
 )
-from delegation.services import Actor, do_cancel_run, do_release_lease, do_steer_run
+from delegation.protocol import MAX_STEER_BYTES
+from delegation.services.operator import Actor, do_cancel_run, do_release_lease, do_steer_run
+from delegation.wire import utf8_len
 
 
 class RoleAdmin(admin.ModelAdmin):
@@ -94,9 +96,16 @@ def cancel_subtrees(modeladmin, request, queryset):
 
 class SteerForm(forms.Form):
     message = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 4, "cols": 80}), max_length=10000
+        widget=forms.Textarea(attrs={"rows": 4, "cols": 80}), max_length=MAX_STEER_BYTES
     )
     request_id = forms.CharField(widget=forms.HiddenInput, max_length=128)
+
+    def clean_message(self):
+        # max_length counts characters; the limit is bytes of UTF-8, as the service counts.
+        message = self.cleaned_data["message"]
+        if utf8_len(message) > MAX_STEER_BYTES:
+            raise forms.ValidationError(f"At most {MAX_STEER_BYTES} bytes of UTF-8.")
+        return message
 
 
 @admin.action(description="Steer selected runs…", permissions=["operate"])
@@ -287,7 +296,16 @@ class ExtensionPresetAdmin(RoleAdmin):
 
 @admin.register(SteerReceipt)
 class SteerReceiptAdmin(RoleAdmin):
-    list_display = ("request_id", "run", "outcome", "reason", "actor", "created_at")
+    list_display = (
+        "request_id",
+        "run",
+        "outcome",
+        "reason",
+        "runner_outcome",
+        "undelivered_at",
+        "actor",
+        "created_at",
+    )
     list_filter = ("outcome", "run__runner", "run__depth", "run__profile")
     search_fields = ("request_id", "run__run_id", "session__conversation_id", "actor")
     readonly_fields = [f.name for f in SteerReceipt._meta.fields]

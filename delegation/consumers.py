@@ -1,10 +1,11 @@
 """The runner WebSocket (SPEC §5): JSON-RPC 2.0 frames in, service calls, answers out.
 
-Thin on purpose: it authenticates the handshake, decodes frames strictly, routes each method
-to its service function and sends server-to-runner commands from the outbox. All rules live
-in ``delegation.services``. Frames are handled one at a time in arrival order, which is what
-makes ``run.event`` numbering meaningful; only the wait of ``child.lease.release`` runs aside,
-because the children it waits for finish through frames on this very connection.
+Thin on purpose: it authenticates the handshake, decodes frames strictly, dispatches each
+method to ``delegation.rpc`` (which validates params and calls the typed services) and sends
+server-to-runner commands from the outbox. Frames are handled one at a time in arrival order,
+which is what makes ``run.event`` numbering meaningful; only the wait of
+``child.lease.release`` runs aside, because the children it waits for finish through frames
+on this very connection.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from delegation import depth as depthlib
-from delegation import notify, services, upkeep
+from delegation import notify, rpc, upkeep
 from delegation.errors import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
@@ -29,28 +30,12 @@ from delegation.errors import (
     RpcError,
 )
 from delegation.protocol import CLOSE_FENCED, CLOSE_UNAUTHORIZED, MAX_FRAME_BYTES, bearer_token
+from delegation.services import operator, outbox, runners, tokens
 from delegation.wire import dumps, loads_strict, refuse_nul
 
 log = logging.getLogger(__name__)
 
 
-# method -> service function taking (connection, params) and returning the JSON result.
-HANDLERS = {
-    "run.open": services.open_run,
-    "run.event": services.append_events,
-    "run.finish": services.finish_run,
-    "tool.end": services.end_tool,
-    "child.start": services.child_start,
-    "child.read": services.child_read,
-    "child.cancel": services.child_cancel,
-    "child.steer": services.child_steer,
-}
-# Methods that may queue server-to-runner commands (child.execute, run.cancel of foreground
-# children, run.steer): flush right away instead of waiting for the doorbell or the poll.
-QUEUES_COMMANDS = frozenset(
-    {"child.start", "child.cancel", "child.steer", "run.finish", "tool.end"}
-)
-METHODS = frozenset(HANDLERS) | {"runner.register", "child.lease.release"}
 ENVELOPE_KEYS = frozenset({"jsonrpc", "method", "params", "id"})
 RESPONSE_KEYS = frozenset({"jsonrpc", "result", "error", "id"})
 
@@ -85,14 +70,14 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         self.fenced = False
         self.outbox_lock = asyncio.Lock()
         self.background: set[asyncio.Task] = set()
-        runner = await database_sync_to_async(services.authenticate_runner)(
+        runner = await database_sync_to_async(tokens.authenticate_runner)(
             bearer_token(self.scope.get("headers", []))
         )
         await self.accept()
         if runner is None:
             await self.close(code=CLOSE_UNAUTHORIZED)
             return
-        self.conn = services.Connection(
+        self.conn = runners.Connection(
             runner_pk=runner.pk,
             declared_depth=depthlib.parse(_header(self.scope, depthlib.HEADER) or ""),
             channel_name=self.channel_name,
@@ -105,7 +90,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if self.runner_group:
             await self.channel_layer.group_discard(self.runner_group, self.channel_name)
         if self.conn is not None and self.conn.generation:
-            await self._call(services.runner_disconnected, self.conn)
+            await self._call(runners.runner_disconnected, self.conn)
 
     # --- frames in ----------------------------------------------------------------------
 
@@ -168,7 +153,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if not isinstance(method, str):
             await self._reply_error(rpc_id, RpcError(INVALID_REQUEST, "method must be a string"))
             return
-        if method not in METHODS:
+        if method not in rpc.METHODS:
             await self._reply_error(
                 rpc_id, RpcError(METHOD_NOT_FOUND, f"unknown method {method!r}")
             )
@@ -187,7 +172,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
                 await self._release(rpc_id, params)
                 return
             else:
-                result = await self._call(HANDLERS[method], self.conn, params)
+                result = await self._call(rpc.HANDLERS[method], self.conn, params)
         except RpcError as exc:
             await self._reply_error(rpc_id if has_id else None, exc, notify_only=not has_id)
             if exc.code == STALE_CONNECTION:
@@ -200,7 +185,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             return
         if has_id:
             await self._send({"jsonrpc": "2.0", "id": rpc_id, "result": result})
-        if method in QUEUES_COMMANDS:
+        if method in rpc.QUEUES_COMMANDS:
             await self._flush_outbox()
 
     async def _call(self, function, *args):
@@ -213,8 +198,8 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         return result
 
     async def _register(self, params):
-        result, generation, fenced = await self._call(services.register, self.conn, params)
-        self.conn = services.Connection(
+        result, generation, fenced = await self._call(rpc.register, self.conn, params)
+        self.conn = runners.Connection(
             runner_pk=self.conn.runner_pk,
             generation=generation,
             declared_depth=self.conn.declared_depth,
@@ -230,7 +215,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         return result
 
     async def _release(self, rpc_id, params):
-        lease_pk, pending = await self._call(services.child_lease_release, self.conn, params)
+        lease_pk, pending = await self._call(rpc.child_lease_release, self.conn, params)
         await self._flush_outbox()
         if not pending:
             await self._send({"jsonrpc": "2.0", "id": rpc_id, "result": {"done": True}})
@@ -241,7 +226,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + settings.LEASE_RELEASE_WAIT_SECONDS
         while True:
-            pending = await database_sync_to_async(services.lease_pending)(lease_pk)
+            pending = await database_sync_to_async(operator.lease_pending)(lease_pk)
             if not pending:
                 await self._send({"jsonrpc": "2.0", "id": rpc_id, "result": {"done": True}})
                 return
@@ -267,7 +252,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if not self.conn.generation or self.fenced:
             return
         await self._call(
-            services.command_answered,
+            outbox.command_answered,
             self.conn,
             command_pk,
             frame.get("result"),
@@ -290,14 +275,14 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             return
         async with self.outbox_lock:
             while True:
-                commands = await database_sync_to_async(services.claim_commands)(self.conn)
+                commands = await database_sync_to_async(outbox.claim_commands)(self.conn)
                 for command in commands:
                     await self._send(
                         {
                             "jsonrpc": "2.0",
                             "id": command.rpc_id,
                             "method": command.method,
-                            "params": command.params,
+                            "params": command.wire_params(),
                         }
                     )
                 if len(commands) < 100:
@@ -309,7 +294,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             await asyncio.sleep(settings.OUTBOX_RESEND_SECONDS)
             if self.conn is not None and self.conn.generation:
                 with contextlib.suppress(Exception):
-                    await database_sync_to_async(services.touch_runner)(self.conn)
+                    await database_sync_to_async(runners.touch_runner)(self.conn)
                     await self._flush_outbox()
                 if self.runner_group:
                     # A Redis restart forgets group memberships: join again.

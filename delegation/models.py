@@ -288,7 +288,13 @@ class Event(models.Model):
 
 
 class SteerReceipt(models.Model):
-    """The stored outcome of a steer, so a repeated requestId answers the same."""
+    """The one record of a steer: its requestId (idempotency), message and outcome; the
+    ``run.steer`` command and the audit entry link here instead of repeating them.
+
+    ``injected`` means queued for the runner; a runner that then answers ``run.steer`` with
+    anything else (say ``promptRequired``: the turn ended first) marks it undelivered, with
+    the runner's own outcome and reason. The answer to a repeated requestId stays the first.
+    """
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="steer_receipts")
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steer_receipts")
@@ -298,6 +304,16 @@ class SteerReceipt(models.Model):
     reason = models.CharField(max_length=64, blank=True)
     actor = models.CharField(max_length=160, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    audit_entry = models.OneToOneField(
+        "AuditEntry",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="steer_receipt",
+    )
+    undelivered_at = models.DateTimeField(null=True, blank=True)
+    runner_outcome = models.CharField(max_length=32, blank=True)
+    runner_reason = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -307,6 +323,13 @@ class SteerReceipt(models.Model):
 
     def __str__(self):
         return f"{self.session.conversation_id}:{self.request_id} {self.outcome}"
+
+    @property
+    def delivery(self) -> str:
+        """queued (injected, no refusal heard), undelivered, or not-sent (promptRequired)."""
+        if self.outcome != "injected":
+            return "not-sent"
+        return "undelivered" if self.undelivered_at is not None else "queued"
 
 
 class Command(models.Model):
@@ -322,6 +345,10 @@ class Command(models.Model):
     method = models.CharField(max_length=32, choices=Method.choices)
     params = models.JSONField()
     run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.CASCADE)
+    # A run.steer carries its requestId and message from here, not a copy in ``params``.
+    steer = models.ForeignKey(
+        SteerReceipt, null=True, blank=True, on_delete=models.CASCADE, related_name="commands"
+    )
     created_at = models.DateTimeField(default=timezone.now)
     sent_at = models.DateTimeField(null=True, blank=True)
     sent_generation = models.PositiveBigIntegerField(null=True, blank=True)
@@ -339,6 +366,12 @@ class Command(models.Model):
     @property
     def rpc_id(self) -> str:
         return f"srv-{self.pk}"
+
+    def wire_params(self) -> dict:
+        """The params as sent to the runner."""
+        if self.steer_id is None:
+            return self.params
+        return {**self.params, "requestId": self.steer.request_id, "message": self.steer.message}
 
 
 class AuditEntry(models.Model):

@@ -18,7 +18,7 @@ MAX_STEER_BYTES = 10_000
 
 # Event kinds only the server writes (SPEC §5); a runner may not send them.
 SERVER_EVENT_KINDS = frozenset(
-    {"steer", "cancel-requested", "lease-released", "delegation-refused"}
+    {"steer", "steer-undelivered", "cancel-requested", "lease-released", "delegation-refused"}
 )
 
 

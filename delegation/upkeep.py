@@ -13,7 +13,7 @@ import logging
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from delegation import services
+from delegation.services import sweep
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ async def _sweep_forever():
     while True:
         await asyncio.sleep(settings.MAINTENANCE_INTERVAL_SECONDS)
         try:
-            await database_sync_to_async(services.sweep)()
+            await database_sync_to_async(sweep.sweep)()
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -59,6 +59,8 @@ class ScriptedRunner:
         self.emitted: dict[str, int] = {}
         self.commands: list[dict] = []
         self.steers: list[dict] = []
+        # What run.steer answers; a test may make the runner refuse steers.
+        self.steer_answer = {"outcome": "injected"}
         self.ws = None
         self.reader = None
         self.auto_cancel = True
@@ -129,14 +131,14 @@ class ScriptedRunner:
         method, params = frame["method"], frame["params"]
         result = {}
         if method == "run.steer":
-            result = {"outcome": "injected"}
+            result = dict(self.steer_answer)
         await self._send({"jsonrpc": "2.0", "id": frame["id"], "result": result})
         if method == "child.execute":
             run_id = params["identity"]["runId"]
             await self._emit(
                 run_id, [{"kind": "text", "text": "started: " + params["request"]["message"]}]
             )
-        elif method == "run.steer":
+        elif method == "run.steer" and result["outcome"] == "injected":
             self.steers.append(params)
             await self._emit(
                 params["runId"],

@@ -12,7 +12,7 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 
-from delegation import services
+from delegation.services import tokens
 from tests.personas import (  # noqa: F401  (fixtures)
     admin,
     operator,
@@ -315,7 +315,7 @@ def communicator(token: str | None, depth: str | None = None) -> WebsocketCommun
 
 @pytest.fixture
 def runner_token(db):
-    _runner, token = services.create_runner("runner-a")
+    _runner, token = tokens.create_runner("runner-a")
     return token
 
 
@@ -351,7 +351,7 @@ async def runner(runner_token, make_client):
 
 
 async def create_runner_async(name: str) -> str:
-    _runner, token = await database_sync_to_async(services.create_runner)(name)
+    _runner, token = await database_sync_to_async(tokens.create_runner)(name)
     return token
 
 

@@ -596,9 +596,9 @@ class RecordingRunner:
 
 
 def make_runner(name: str) -> str:
-    from delegation import services
+    from delegation.services import tokens
 
-    return services.create_runner(name)[1]
+    return tokens.create_runner(name)[1]
 
 
 def stored_events(run_id: str) -> list[dict]:

@@ -18,7 +18,8 @@ from django.contrib.auth.hashers import make_password
 from django.contrib.auth.models import Group, User
 from django.test import Client
 
-from delegation import roles, services
+from delegation import roles
+from delegation.services import tokens
 
 OUTSIDER = "outsider"
 PERSONAS = (roles.VIEWER, roles.OPERATOR, roles.ADMIN, OUTSIDER)
@@ -60,7 +61,7 @@ def session_cookie(user: User) -> bytes:
 
 def api_token(user: User, name: str = "test") -> str:
     """A new API token for ``user``, in the clear (only its hash is stored)."""
-    return services.create_api_token(user, name)[1]
+    return tokens.create_api_token(user, name)[1]
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-from delegation import services
 from delegation.runner.acp import AcpEngine, AcpPreset
 from delegation.runner.host import RunnerHost
+from delegation.services import tokens
 from tests import live_server
 
 model_stub = pytest.importorskip(
@@ -55,7 +55,7 @@ def script(request):
 
 
 async def test_it_runs_a_child_on_claude_code_acp_offline(daphne_server, tmp_path):
-    _runner, token = await sync_to_async(services.create_runner)("claude-acp")
+    _runner, token = await sync_to_async(tokens.create_runner)("claude-acp")
     workspace = tmp_path / "ws"
     workspace.mkdir()
     with model_stub.ModelStub(script) as stub:

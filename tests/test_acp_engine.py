@@ -17,10 +17,10 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-from delegation import services
 from delegation.models import Event, Run
 from delegation.runner.acp import AcpEngine, AcpPreset
 from delegation.runner.host import RunnerHost
+from delegation.services import tokens
 from tests import live_server
 
 daphne_factory = live_server.daphne_factory
@@ -99,7 +99,7 @@ class Harness:
 
 @pytest.fixture
 async def harness(daphne_server, tmp_path, monkeypatch):
-    _runner, token = await sync_to_async(services.create_runner)("acp-runner")
+    _runner, token = await sync_to_async(tokens.create_runner)("acp-runner")
     monkeypatch.setenv("CANOPY_RUNNER_TOKEN", token)  # must not reach the agent
     state = tmp_path / "state"
     state.mkdir()
@@ -300,7 +300,7 @@ async def test_it_fails_a_child_the_agent_refuses(harness):
 async def test_it_runs_a_root_through_the_runner_command_line_with_engine_acp(
     daphne_server, tmp_path
 ):
-    _runner, token = await sync_to_async(services.create_runner)("acp-cli")
+    _runner, token = await sync_to_async(tokens.create_runner)("acp-cli")
     config = tmp_path / "presets.json"
     config.write_text(
         json.dumps(

@@ -143,3 +143,15 @@ async def test_it_releases_a_lease_and_refuses_a_viewer_in_the_admin(
 
     await database_sync_to_async(act)()
     await settle(runner, "lease.revoked", "run.cancel")
+
+
+def test_it_limits_the_admin_steer_message_in_bytes_as_the_service_does():
+    from delegation.admin import SteerForm
+    from delegation.protocol import MAX_STEER_BYTES
+
+    fits = SteerForm({"message": "é" * (MAX_STEER_BYTES // 2), "request_id": "r"})
+    assert fits.is_valid(), fits.errors
+    # Fewer characters than the limit, but more bytes of UTF-8.
+    too_long = SteerForm({"message": "é" * (MAX_STEER_BYTES // 2 + 1), "request_id": "r"})
+    assert not too_long.is_valid()
+    assert too_long.errors["message"] == [f"At most {MAX_STEER_BYTES} bytes of UTF-8."]

@@ -19,9 +19,9 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-from delegation import services
 from delegation.models import Run
 from delegation.runner.command import CommandEngine, CommandPreset
+from delegation.services import tokens
 from tests import live_server
 
 daphne_factory = live_server.daphne_factory
@@ -92,7 +92,7 @@ def runner_env(**extra) -> dict:
 
 
 async def test_it_keeps_the_token_and_server_secrets_from_a_hostile_agent(daphne_server, tmp_path):
-    _runner, token = await sync_to_async(services.create_runner)("hunted")
+    _runner, token = await sync_to_async(tokens.create_runner)("hunted")
     workspace, _outside, token_file, config = setup_hunt(tmp_path, {"env": {"STYLE": "x"}})
     # The token in the runner's initial environment, the way most operators will pass it.
     await asyncio.to_thread(
@@ -113,7 +113,7 @@ async def test_it_keeps_the_token_and_server_secrets_from_a_hostile_agent(daphne
 async def test_it_confines_a_bwrap_agent_to_the_workspace_away_from_the_token_file(
     daphne_server, tmp_path
 ):
-    _runner, token = await sync_to_async(services.create_runner)("hunted-sandboxed")
+    _runner, token = await sync_to_async(tokens.create_runner)("hunted-sandboxed")
     workspace, outside, token_file, config = setup_hunt(
         tmp_path, {"sandbox": "bwrap", "readOnly": [sys.base_prefix]}
     )
@@ -138,7 +138,7 @@ async def test_it_confines_a_bwrap_agent_to_the_workspace_away_from_the_token_fi
     reason="switching to another account needs a root runner and a system python",
 )
 async def test_it_runs_a_user_preset_agent_unable_to_read_the_runner(daphne_server, tmp_path):
-    _runner, token = await sync_to_async(services.create_runner)("hunted-as-nobody")
+    _runner, token = await sync_to_async(tokens.create_runner)("hunted-as-nobody")
     # Under /tmp, not pytest's owner-only directory: the agent's account must reach its files.
     base = Path(tempfile.mkdtemp(prefix="canopy-user-preset-"))
     try:

@@ -4,7 +4,7 @@ strict bodies with the field named; engine refusals mapped to HTTP statuses."""
 
 import pytest
 
-from delegation import services
+from delegation import rpc
 from delegation.models import AuditEntry, Command, Event, Lease, Run, SteerReceipt
 from tests.test_api_support import as_, world  # noqa: F401
 
@@ -89,7 +89,7 @@ def test_it_releases_a_lease_by_its_id(api, world):
     assert Event.objects.filter(run__run_id="root-1", kind="lease-released").count() == 1
     assert Command.objects.filter(method="lease.revoked").count() == 1
     # The runner confirms the cancel; a repeated release then reports done.
-    services.finish_run(world.conn, {"runId": world.leased["runId"], "cancelled": True})
+    rpc.finish_run(world.conn, {"runId": world.leased["runId"], "cancelled": True})
     again = api.post(path, {})
     assert again.status_code == 200
     assert again.json() == {"done": True, "pending": [], "state": "released"}

@@ -4,8 +4,8 @@ authenticating (session, API token); CSRF on session POSTs; bad and revoked toke
 
 import pytest
 
-from delegation import services
 from delegation.models import AuditEntry
+from delegation.services import tokens
 from tests.test_api_support import AUTH_MODES, PERSONAS, as_, world  # noqa: F401
 
 pytestmark = pytest.mark.django_db
@@ -121,15 +121,15 @@ def test_it_refuses_a_bad_bearer_token_even_with_a_session(as_, world):
 
 
 def test_it_refuses_a_revoked_token(as_, world, people):
-    api_token, token = services.create_api_token(people["viewer"], "script")
+    api_token, token = tokens.create_api_token(people["viewer"], "script")
     api = as_("anonymous", None)
     assert api.get("/api/runs", Authorization=f"Bearer {token}").status_code == 200
-    services.revoke_api_token(api_token.token_prefix)
+    tokens.revoke_api_token(api_token.token_prefix)
     assert api.get("/api/runs", Authorization=f"Bearer {token}").status_code == 401
 
 
 def test_it_refuses_the_token_of_an_inactive_user(as_, world, people):
-    _, token = services.create_api_token(people["operator"], "script")
+    _, token = tokens.create_api_token(people["operator"], "script")
     people["operator"].is_active = False
     people["operator"].save()
     response = as_("anonymous", None).get("/api/runs", Authorization=f"Bearer {token}")

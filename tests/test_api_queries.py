@@ -9,8 +9,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from delegation import services
 from delegation.models import AuditEntry, Event, Lease, Run, Session
+from delegation.services import tokens
 from tests.test_api_support import as_  # noqa: F401
 
 pytestmark = pytest.mark.django_db
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 def bulk_tree(name: str, size: int, fanout: int = 7) -> Run:
     """A tree of ``size`` runs (breadth first, ``fanout`` children each), with a session per
     run, a lease per parent, two events per run and an audit entry per run."""
-    runner, _ = services.create_runner(f"runner-{name}")
+    runner, _ = tokens.create_runner(f"runner-{name}")
     now = timezone.now()
     sessions = Session.objects.bulk_create(
         Session(conversation_id=f"{name}-c{i}", runner=runner, depth=0, created_at=now)

@@ -7,7 +7,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from delegation import services
+from delegation import rpc
 from delegation.models import AuditEntry, Run
 from tests.test_api_support import as_, emit, start_child, world  # noqa: F401
 
@@ -66,7 +66,7 @@ def test_it_filters_runs_by_creation_time(api, world):
 def test_it_pages_runs_by_cursor_and_stays_stable_under_inserts(api, world):
     conn = world.conn
     for index in range(7):
-        services.open_run(conn, {"conversationId": f"c-more-{index}", "runId": f"more-{index}"})
+        rpc.open_run(conn, {"conversationId": f"c-more-{index}", "runId": f"more-{index}"})
     expected = set(Run.objects.values_list("run_id", flat=True))
     seen: list[str] = []
     cursor = None
@@ -80,7 +80,7 @@ def test_it_pages_runs_by_cursor_and_stays_stable_under_inserts(api, world):
         pages += 1
         if pages == 2:
             # Runs opened mid-walk are newer than page one: they never land in a later page.
-            services.open_run(conn, {"conversationId": "c-late", "runId": "late"})
+            rpc.open_run(conn, {"conversationId": "c-late", "runId": "late"})
         cursor = body["next"]
         if cursor is None:
             break

@@ -10,7 +10,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from delegation import services
+from delegation import rpc
+from delegation.services import runners, tokens
 from tests.conftest import DEFAULT_EXTENSION
 from tests.personas import api_token, signed_in
 
@@ -48,7 +49,7 @@ class Api:
 
 @dataclass
 class World:
-    conn: services.Connection
+    conn: runners.Connection
     runner_name: str
     root: dict
     child: dict
@@ -59,14 +60,14 @@ class World:
     extra: dict = field(default_factory=dict)
 
 
-def drive_runner(name: str = "runner-a", host: str = "host-1") -> services.Connection:
+def drive_runner(name: str = "runner-a", host: str = "host-1") -> runners.Connection:
     """A runner registered through the real services, as its socket would do it."""
-    runner, _token = services.create_runner(name)
-    conn = services.Connection(runner_pk=runner.pk)
-    _, generation, _ = services.register(
+    runner, _token = tokens.create_runner(name)
+    conn = runners.Connection(runner_pk=runner.pk)
+    _, generation, _ = rpc.register(
         conn, {"hostInstanceId": host, "extensions": [DEFAULT_EXTENSION]}
     )
-    return services.Connection(runner_pk=runner.pk, generation=generation)
+    return runners.Connection(runner_pk=runner.pk, generation=generation)
 
 
 def start_child(conn, parent_run_id: str, request_id: str, profile="worker", lease=None):
@@ -79,12 +80,12 @@ def start_child(conn, parent_run_id: str, request_id: str, profile="worker", lea
     if lease is not None:
         params["leaseId"] = lease
         params["request"]["leaseId"] = lease
-    return services.child_start(conn, params)
+    return rpc.child_start(conn, params)
 
 
 def emit(conn, run_id: str, events: list, start: int = 1) -> dict:
     events = [{"kind": "text", "text": e} if isinstance(e, str) else e for e in events]
-    return services.append_events(conn, {"runId": run_id, "from": start, "events": events})
+    return rpc.append_events(conn, {"runId": run_id, "from": start, "events": events})
 
 
 def build_world() -> World:
@@ -93,7 +94,7 @@ def build_world() -> World:
     from delegation.models import Lease
 
     conn = drive_runner()
-    root = services.open_run(
+    root = rpc.open_run(
         conn,
         {
             "conversationId": "conv-root-1",
@@ -117,7 +118,7 @@ def build_world() -> World:
     grandchild = start_child(conn, child["runId"], "req-grand")
     leased = start_child(conn, "root-1", "req-leased", lease="lease-1")
     finished = start_child(conn, "root-1", "req-done", profile="reviewer")
-    services.finish_run(conn, {"runId": finished["runId"], "output": "all done"})
+    rpc.finish_run(conn, {"runId": finished["runId"], "output": "all done"})
     lease_pk = Lease.objects.get(lease_id="lease-1").pk
     return World(conn, "runner-a", root, child, grandchild, leased, finished, lease_pk)
 

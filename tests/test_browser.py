@@ -11,8 +11,9 @@ import re
 
 import pytest
 
-from delegation import services
 from delegation.models import AuditEntry, Event, Lease, Run
+from delegation.protocol import MAX_STEER_BYTES
+from delegation.services import tokens
 from tests.browser import CHROMIUM, ScriptedRunner, launch, screenshot_name, sequences, sign_in
 from tests.live_server import daphne_factory  # noqa: F401  (fixture)
 from tests.personas import PASSWORD
@@ -31,7 +32,7 @@ def server(daphne_factory):  # noqa: F811
 
 @pytest.fixture
 def runner(server):
-    _runner, token = services.create_runner("runner-b")
+    _runner, token = tokens.create_runner("runner-b")
     scripted = ScriptedRunner(f"ws://127.0.0.1:{server.port}/ws/runner/", token).start()
     yield scripted
     scripted.close()
@@ -167,6 +168,28 @@ def test_it_steers_a_running_child_and_cancels_a_subtree(server, runner, browser
     assert AuditEntry.objects.get(action="steer").outcome == "injected"
 
 
+def test_it_shows_on_the_run_page_a_steer_the_runner_did_not_deliver(
+    server, runner, browser, operator
+):
+    runner.open("root-1")
+    child = runner.child("root-1", "c1", "write the parser")["runId"]
+    runner.steer_answer = {"outcome": "promptRequired", "reason": "turnEnded"}
+    page = browser()
+    sign_in(page, server.http_url, operator.username, PASSWORD)
+    page.goto(f"{server.http_url}/runs/{child}/")
+    page.wait_for_selector('#events [data-sequence="1"]')
+    page.fill("#steer-message", "too late")
+    page.click("[data-action=steer]")
+    page.wait_for_selector(".flash-success")
+    assert page.get_attribute("#steer-message", "maxlength") == str(MAX_STEER_BYTES)
+    refused = page.wait_for_selector('#events [data-kind="steer-undelivered"]')
+    assert "was not delivered: promptRequired (turnEnded)" in refused.text_content()
+    assert int(refused.get_attribute("data-sequence")) > int(
+        page.get_attribute('#events [data-kind="steer"]', "data-sequence")
+    )
+    assert AuditEntry.objects.get(action="steer").outcome == "undelivered: promptRequired"
+
+
 def test_it_shows_a_viewer_no_controls_and_refuses_a_forged_action(server, runner, browser, viewer):
     runner.open("root-1")
     child = runner.child("root-1", "c1")["runId"]
@@ -225,7 +248,7 @@ def test_it_shows_every_event_once_in_order_across_a_dropped_socket_and_a_restar
     emitted = dict(runner.emitted)
     runner.close()
     server.restart(kill=True)
-    token = services.create_runner("runner-b")[1]
+    token = tokens.create_runner("runner-b")[1]
     again = ScriptedRunner(f"ws://127.0.0.1:{server.port}/ws/runner/", token).start()
     again.emitted = emitted
     try:

@@ -11,9 +11,9 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-from delegation import services
 from delegation.runner.command import CommandEngine, CommandPreset
 from delegation.runner.host import RunnerHost
+from delegation.services import tokens
 from tests import live_server
 
 daphne_factory = live_server.daphne_factory
@@ -45,7 +45,7 @@ def test_it_refuses_an_unknown_format_in_a_preset():
 async def test_it_runs_a_claude_stream_json_child_to_events_usage_and_outcome(
     daphne_server, tmp_path
 ):
-    _runner, token = await sync_to_async(services.create_runner)("fmt-runner")
+    _runner, token = await sync_to_async(tokens.create_runner)("fmt-runner")
     engine = CommandEngine(
         [
             CommandPreset.from_config(

@@ -4,23 +4,24 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from delegation import services
+from delegation import rpc
 from delegation.models import Event, Run, Runner
+from delegation.services import runners, tokens
 
 pytestmark = pytest.mark.django_db
 
 
 def _run_with_events(name, finished_days_ago=None):
-    runner, _ = services.create_runner(f"runner-{name}")
-    conn = services.Connection(runner_pk=runner.pk)
-    _, generation, _ = services.register(conn, {"hostInstanceId": "h", "extensions": []})
-    conn = services.Connection(runner_pk=runner.pk, generation=generation)
-    services.open_run(conn, {"conversationId": f"c-{name}", "runId": name})
-    services.append_events(
+    runner, _ = tokens.create_runner(f"runner-{name}")
+    conn = runners.Connection(runner_pk=runner.pk)
+    _, generation, _ = rpc.register(conn, {"hostInstanceId": "h", "extensions": []})
+    conn = runners.Connection(runner_pk=runner.pk, generation=generation)
+    rpc.open_run(conn, {"conversationId": f"c-{name}", "runId": name})
+    rpc.append_events(
         conn, {"runId": name, "from": 1, "events": [{"kind": "text", "text": "x"}] * 3}
     )
     if finished_days_ago is not None:
-        services.finish_run(conn, {"runId": name})
+        rpc.finish_run(conn, {"runId": name})
         Run.objects.filter(run_id=name).update(
             finished_at=timezone.now() - timedelta(days=finished_days_ago)
         )
@@ -29,11 +30,11 @@ def _run_with_events(name, finished_days_ago=None):
 def test_it_creates_lists_and_revokes_runner_tokens(capsys):
     call_command("runner_token", "create", "alpha")
     token = capsys.readouterr().out.strip().splitlines()[-1]
-    assert services.authenticate_runner(token).name == "alpha"
+    assert tokens.authenticate_runner(token).name == "alpha"
     call_command("runner_token", "list")
     assert "alpha" in capsys.readouterr().out
     call_command("runner_token", "revoke", "alpha")
-    assert services.authenticate_runner(token) is None
+    assert tokens.authenticate_runner(token) is None
     assert Runner.objects.get(name="alpha").revoked_at is not None
 
 

@@ -18,9 +18,10 @@ import time
 import pytest
 from django.db import connection, connections
 
-from delegation import services
+from delegation import rpc
 from delegation.errors import RpcError
 from delegation.models import Command, Event, Lease, Run, SteerReceipt
+from delegation.services import runners, tokens
 from tests.conftest import DEFAULT_EXTENSION, adb
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -35,13 +36,13 @@ parallel_writers = pytest.mark.skipif(
 # --- helpers -----------------------------------------------------------------------------------
 
 
-def _connection(name="runner-c") -> services.Connection:
-    runner, _token = services.create_runner(name)
-    conn = services.Connection(runner_pk=runner.pk, channel_name=f"test.{name}")
-    _result, generation, _fenced = services.register(
+def _connection(name="runner-c") -> runners.Connection:
+    runner, _token = tokens.create_runner(name)
+    conn = runners.Connection(runner_pk=runner.pk, channel_name=f"test.{name}")
+    _result, generation, _fenced = rpc.register(
         conn, {"hostInstanceId": "host-1", "extensions": [DEFAULT_EXTENSION]}
     )
-    return services.Connection(
+    return runners.Connection(
         runner_pk=runner.pk, generation=generation, channel_name=f"test.{name}"
     )
 
@@ -108,8 +109,8 @@ def assert_gap_free(run_id: str) -> list[Event]:
 @parallel_writers
 def test_it_keeps_sequences_gap_free_with_parallel_appenders_steers_and_a_cancel():
     conn = _connection()
-    services.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
-    child = services.child_start(conn, _start_params())
+    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    child = rpc.child_start(conn, _start_params())
     cid = child["runId"]
     canonical = [{"kind": "text", "text": f"e{i}"} for i in range(1, 121)]
     appenders, steerers = 3, 3
@@ -124,7 +125,7 @@ def test_it_keeps_sequences_gap_free_with_parallel_appenders_steers_and_a_cancel
                 size = rng.randint(1, 9)
                 frame = canonical[cursor - 1 : cursor - 1 + size]
                 answers.append(
-                    services.append_events(conn, {"runId": cid, "from": cursor, "events": frame})
+                    rpc.append_events(conn, {"runId": cid, "from": cursor, "events": frame})
                 )
                 cursor += len(frame)
             return answers
@@ -132,10 +133,10 @@ def test_it_keeps_sequences_gap_free_with_parallel_appenders_steers_and_a_cancel
             outcomes = []
             for k in range(25):
                 params = _on_child(child, message=f"steer {i}.{k}", requestId=f"s{i}-{k}")
-                outcomes.append(services.child_steer(conn, params)["outcome"])
+                outcomes.append(rpc.child_steer(conn, params)["outcome"])
             return outcomes
         time.sleep(0.05)
-        return services.child_cancel(conn, _on_child(child))["runId"]
+        return rpc.child_cancel(conn, _on_child(child))["runId"]
 
     results = in_threads(appenders + steerers + 1, work)
     assert all(r[0] == "ok" for r in results), results
@@ -164,12 +165,12 @@ def test_it_keeps_sequences_gap_free_with_parallel_appenders_steers_and_a_cancel
 @parallel_writers
 def test_it_refuses_conflicting_parallel_frames_all_or_nothing():
     conn = _connection()
-    services.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
 
     def work(i):
         # Eight writers claim runner events 1..5 with different content: one wins.
         frame = [{"kind": "text", "text": f"w{i}-{k}"} for k in range(5)]
-        return services.append_events(conn, {"runId": "root", "from": 1, "events": frame})
+        return rpc.append_events(conn, {"runId": "root", "from": 1, "events": frame})
 
     results = in_threads(8, work)
     winners = [r for r in results if r[0] == "ok"]
@@ -186,10 +187,10 @@ def test_it_refuses_conflicting_parallel_frames_all_or_nothing():
 @parallel_writers
 def test_it_creates_exactly_one_child_for_simultaneous_identical_requests():
     conn = _connection()
-    services.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
     for round_ in range(5):
         params = _start_params(request_id=f"same-{round_}")
-        results = in_threads(8, lambda _i, p=params: services.child_start(conn, p))
+        results = in_threads(8, lambda _i, p=params: rpc.child_start(conn, p))
         assert all(r[0] == "ok" for r in results), results
         assert len({r[1]["runId"] for r in results}) == 1
         assert len({r[1]["conversationId"] for r in results}) == 1
@@ -200,9 +201,9 @@ def test_it_creates_exactly_one_child_for_simultaneous_identical_requests():
 @parallel_writers
 def test_it_refuses_all_but_one_of_simultaneous_different_inputs_for_one_request_id():
     conn = _connection()
-    services.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
     results = in_threads(
-        8, lambda i: services.child_start(conn, _start_params(request_id="same", message=f"m{i}"))
+        8, lambda i: rpc.child_start(conn, _start_params(request_id="same", message=f"m{i}"))
     )
     assert sum(r[0] == "ok" for r in results) == 1, results
     assert all(r == ("rpc", -32013) for r in results if r[0] != "ok"), results
@@ -213,10 +214,8 @@ def test_it_refuses_all_but_one_of_simultaneous_different_inputs_for_one_request
 def test_it_holds_the_concurrency_cap_under_simultaneous_starts(settings):
     settings.DELEGATION_MAX_CONCURRENT = 4
     conn = _connection()
-    services.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
-    results = in_threads(
-        12, lambda i: services.child_start(conn, _start_params(request_id=f"r{i}"))
-    )
+    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    results = in_threads(12, lambda i: rpc.child_start(conn, _start_params(request_id=f"r{i}")))
     assert sum(r[0] == "ok" for r in results) == 4, results
     assert all(r == ("rpc", -32011) for r in results if r[0] != "ok"), results
     assert Run.objects.filter(parent__run_id="root").count() == 4
@@ -226,12 +225,10 @@ def test_it_holds_the_concurrency_cap_under_simultaneous_starts(settings):
 def test_it_holds_the_64_children_cap_under_simultaneous_starts(settings):
     settings.DELEGATION_MAX_CONCURRENT = 1000
     conn = _connection()
-    services.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
     for i in range(60):
-        services.child_start(conn, _start_params(request_id=f"pre{i}"))
-    results = in_threads(
-        10, lambda i: services.child_start(conn, _start_params(request_id=f"r{i}"))
-    )
+        rpc.child_start(conn, _start_params(request_id=f"pre{i}"))
+    results = in_threads(10, lambda i: rpc.child_start(conn, _start_params(request_id=f"r{i}")))
     assert sum(r[0] == "ok" for r in results) == 4, results
     assert all(r == ("rpc", -32011) for r in results if r[0] != "ok"), results
     assert Run.objects.filter(parent__run_id="root").count() == 64
@@ -240,9 +237,9 @@ def test_it_holds_the_64_children_cap_under_simultaneous_starts(settings):
 @parallel_writers
 def test_it_creates_one_lease_for_simultaneous_first_starts():
     conn = _connection()
-    services.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
     results = in_threads(
-        6, lambda i: services.child_start(conn, _start_params(request_id=f"r{i}", lease="L1"))
+        6, lambda i: rpc.child_start(conn, _start_params(request_id=f"r{i}", lease="L1"))
     )
     assert all(r[0] == "ok" for r in results), results
     assert Lease.objects.filter(lease_id="L1").count() == 1
@@ -253,10 +250,10 @@ def test_it_creates_one_lease_for_simultaneous_first_starts():
 @parallel_writers
 def test_it_stores_one_receipt_for_simultaneous_identical_steers():
     conn = _connection()
-    services.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
-    child = services.child_start(conn, _start_params())
+    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    child = rpc.child_start(conn, _start_params())
     params = _on_child(child, message="left", requestId="s-1")
-    results = in_threads(8, lambda _i: services.child_steer(conn, params))
+    results = in_threads(8, lambda _i: rpc.child_steer(conn, params))
     assert all(r == ("ok", {"outcome": "injected"}) for r in results), results
     assert SteerReceipt.objects.count() == 1
     assert [e.kind for e in _stream(child["runId"])] == ["steer"]
@@ -266,12 +263,12 @@ def test_it_stores_one_receipt_for_simultaneous_identical_steers():
 @parallel_writers
 def test_it_refuses_the_129th_receipt_under_simultaneous_steers():
     conn = _connection()
-    services.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
-    child = services.child_start(conn, _start_params())
+    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    child = rpc.child_start(conn, _start_params())
     for k in range(120):
-        services.child_steer(conn, _on_child(child, message="m", requestId=f"pre{k}"))
+        rpc.child_steer(conn, _on_child(child, message="m", requestId=f"pre{k}"))
     results = in_threads(
-        12, lambda i: services.child_steer(conn, _on_child(child, message="m", requestId=f"s{i}"))
+        12, lambda i: rpc.child_steer(conn, _on_child(child, message="m", requestId=f"s{i}"))
     )
     assert sum(r[0] == "ok" for r in results) == 8, results
     assert all(r == ("rpc", -32011) for r in results if r[0] != "ok"), results
@@ -281,9 +278,9 @@ def test_it_refuses_the_129th_receipt_under_simultaneous_steers():
 @parallel_writers
 def test_it_cancels_once_under_simultaneous_cancels():
     conn = _connection()
-    services.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
-    child = services.child_start(conn, _start_params())
-    results = in_threads(8, lambda _i: services.child_cancel(conn, _on_child(child)))
+    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    child = rpc.child_start(conn, _start_params())
+    results = in_threads(8, lambda _i: rpc.child_cancel(conn, _on_child(child)))
     assert all(r[0] == "ok" for r in results), results
     assert [e.kind for e in _stream(child["runId"])] == ["cancel-requested"]
     assert Command.objects.filter(method="run.cancel").count() == 1
@@ -293,19 +290,15 @@ def test_it_cancels_once_under_simultaneous_cancels():
 def test_it_numbers_events_of_many_runs_of_one_runner_independently():
     conn = _connection()
     for r in range(4):
-        services.open_run(conn, {"conversationId": f"conv-{r}", "runId": f"run-{r}"})
+        rpc.open_run(conn, {"conversationId": f"conv-{r}", "runId": f"run-{r}"})
 
     def work(i):
         run_id = f"run-{i % 4}"
         for k in range(20):
-            emitted = services.append_events(conn, {"runId": run_id, "from": 1, "events": []})[
-                "emitted"
-            ]
+            emitted = rpc.append_events(conn, {"runId": run_id, "from": 1, "events": []})["emitted"]
             frame = [{"kind": "text", "text": f"{i}-{k}"}]
             try:
-                services.append_events(
-                    conn, {"runId": run_id, "from": emitted + 1, "events": frame}
-                )
+                rpc.append_events(conn, {"runId": run_id, "from": emitted + 1, "events": frame})
             except RpcError as exc:
                 assert exc.code == -32602  # lost a race for that index: refused whole
         return True
@@ -325,7 +318,7 @@ async def test_it_interleaves_socket_appends_with_server_events_from_other_threa
     child = await runner.start()
     runner_pk = await adb(lambda: Run.objects.get(run_id="root-1").runner_id)()
     generation = await adb(lambda: Run.objects.get(run_id="root-1").runner.connection_generation)()
-    conn = services.Connection(runner_pk=runner_pk, generation=generation)
+    conn = runners.Connection(runner_pk=runner_pk, generation=generation)
     outcomes: list[str] = []
     errors: list[str] = []
 
@@ -333,7 +326,7 @@ async def test_it_interleaves_socket_appends_with_server_events_from_other_threa
         try:
             for k in range(30):
                 params = _on_child(child, "root-1", message=f"s{k}", requestId=f"s{k}")
-                outcomes.append(services.child_steer(conn, params)["outcome"])
+                outcomes.append(rpc.child_steer(conn, params)["outcome"])
         except Exception as exc:
             errors.append(repr(exc))
         finally:

@@ -7,7 +7,7 @@ import os
 import pytest
 from django.contrib.auth.models import Group, User
 
-from delegation import services
+from delegation.services import tokens
 from tests.browser import CHROMIUM, ScriptedRunner, launch, sign_in
 from tests.live_server import daphne_factory  # noqa: F401  (fixture)
 
@@ -39,7 +39,7 @@ def test_it_loads_every_page_with_no_content_security_policy_violation(
     server = daphne_factory(LIVE_HEARTBEAT_SECONDS="1")
     user = User.objects.create_user("cora", password="pw", is_staff=True)
     user.groups.add(Group.objects.get_or_create(name="admin")[0])
-    _runner, token = services.create_runner("csp-runner")
+    _runner, token = tokens.create_runner("csp-runner")
     runner = ScriptedRunner(f"ws://127.0.0.1:{server.port}/ws/runner/", token).start()
     try:
         runner.open("root-1")

@@ -29,9 +29,9 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
 
-from delegation import services
 from delegation.client import RpcError, event
 from delegation.models import AuditEntry, Lease, Run, Runner
+from delegation.services.operator import Actor, do_steer_run
 from tests import live_server
 from tests.fault_tools import (
     DOOMED_RUNNER,
@@ -274,8 +274,8 @@ async def test_it_loses_nothing_when_its_only_process_is_killed_and_restarted_on
         # While no process runs, an operator steers (through the database, as the admin or a
         # CLI would): the command waits in the outbox for the runner's next registration.
         run = await sync_to_async(Run.objects.get)(run_id="restart-run")
-        answer = await sync_to_async(services.do_steer_run)(
-            services.Actor.system("test-operator"), run, request_id="while-down", message="hi"
+        answer = await sync_to_async(do_steer_run)(
+            Actor.system("test-operator"), run, request_id="while-down", message="hi"
         )
         assert answer == {"outcome": "injected"}
         await asyncio.sleep(0.5)
@@ -328,8 +328,8 @@ async def test_it_loses_nothing_when_redis_restarts_mid_stream(
         await producer.finish()
         # After the restart a command still reaches the runner (doorbell or outbox poll).
         run = await sync_to_async(Run.objects.get)(run_id="redis-run")
-        await sync_to_async(services.do_steer_run)(
-            services.Actor.system("test-operator"), run, request_id="after-redis", message="hi"
+        await sync_to_async(do_steer_run)(
+            Actor.system("test-operator"), run, request_id="after-redis", message="hi"
         )
         await runner.wait_command("run.steer", PROMPT, requestId="after-redis")
         await runner.client.finish("redis-run", output="done")

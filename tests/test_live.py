@@ -14,7 +14,8 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from dashboard.live import frames as live_frames
-from delegation import notify, protocol, services
+from delegation import models, notify, protocol
+from delegation.services.operator import Actor, do_cancel_run
 from tests.personas import api_token, session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -279,9 +280,9 @@ async def test_it_marks_refused_spawns_and_cancel_requests_on_tree_rows(runner, 
         ),
     )
     assert rows
-    run = await database_sync_to_async(services.Run.objects.get)(run_id=child["runId"])
-    await database_sync_to_async(services.do_cancel_run)(
-        services.Actor.for_user(operator, via="dashboard"), run, reason="test"
+    run = await database_sync_to_async(models.Run.objects.get)(run_id=child["runId"])
+    await database_sync_to_async(do_cancel_run)(
+        Actor.for_user(operator, via="dashboard"), run, reason="test"
     )
     await until(
         ws,

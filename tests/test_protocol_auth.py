@@ -5,8 +5,8 @@ import json
 import pytest
 from channels.testing import WebsocketCommunicator
 
-from delegation import services
 from delegation.models import Event, Runner
+from delegation.services import tokens
 from tests.conftest import adb, application, communicator, state
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,7 +42,7 @@ async def test_it_closes_with_4401_when_the_scheme_is_not_bearer(runner_token):
 
 
 async def test_it_closes_with_4401_for_a_revoked_token(runner_token):
-    await adb(services.revoke_runner)("runner-a")
+    await adb(tokens.revoke_runner)("runner-a")
     assert await _refused_handshake(communicator(runner_token)) == 4401
 
 

@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from delegation import services
 from delegation.models import AuditEntry, Event, Lease, Run
+from delegation.services import sweep
 from tests.conftest import DEFAULT_EXTENSION, adb, assert_all_refused, create_runner_async, state
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -195,7 +195,7 @@ async def test_it_stops_an_expired_lease_from_authorising_at_once(runner, settin
 async def test_it_expires_a_lease_in_the_sweep_and_cancels_its_children(runner):
     children = await _leased_children(runner, 2)
     fg = await runner.start(request_id="fg")
-    report = await adb(services.sweep)(timezone.now() + timedelta(seconds=3601))
+    report = await adb(sweep.sweep)(timezone.now() + timedelta(seconds=3601))
     assert report.expired_leases == ["L1"]
     lease = await _lease()
     assert lease.state == "expired"
@@ -209,14 +209,14 @@ async def test_it_expires_a_lease_in_the_sweep_and_cancels_its_children(runner):
     # Refused from now on, and the sweep does not expire it twice.
     error = await runner.error("child.read", runner.on_child(children[0], None, leaseId="L1"))
     assert error["code"] == -32015
-    again = await adb(services.sweep)(timezone.now() + timedelta(seconds=7200))
+    again = await adb(sweep.sweep)(timezone.now() + timedelta(seconds=7200))
     assert again.expired_leases == []
     assert await _kinds("root-1") == ["lease-released"]
 
 
 async def test_it_does_not_expire_a_lease_before_its_ttl(runner):
     await _leased_children(runner, 1)
-    report = await adb(services.sweep)(timezone.now() + timedelta(seconds=3500))
+    report = await adb(sweep.sweep)(timezone.now() + timedelta(seconds=3500))
     assert report.expired_leases == []
     assert (await _lease()).state == "active"
 
@@ -225,7 +225,7 @@ async def test_it_expires_with_a_short_ttl_setting(runner, settings):
     settings.LEASE_TTL_SECONDS = 1
     children = await _leased_children(runner, 1)
     await asyncio.sleep(1.1)
-    report = await adb(services.sweep)()
+    report = await adb(sweep.sweep)()
     assert report.expired_leases == ["L1"]
     await runner.wait_command("run.cancel", runId=children[0]["runId"])
 

@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from delegation import services
 from delegation.models import Command, Lease, Run, Runner
+from delegation.services import sweep
 from tests.conftest import adb, state
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,7 +22,7 @@ async def _answer(client, command, result=None):
 
 
 async def _command(method) -> Command:
-    return await adb(Command.objects.get)(method=method)
+    return await adb(Command.objects.select_related("steer").get)(method=method)
 
 
 async def _silent(client):
@@ -66,7 +66,7 @@ async def _lease_revoked(client):
     await client.wait_command("child.execute")
     await client.finish(child["runId"])
     client.answer_commands = False
-    await adb(services.sweep)(timezone.now() + timedelta(seconds=3601))
+    await adb(sweep.sweep)(timezone.now() + timedelta(seconds=3601))
     return "lease.revoked", {"leaseId": "L1"}
 
 
@@ -87,7 +87,7 @@ async def test_it_resends_a_command_after_a_reconnect_until_it_is_answered(
     _method, match = await SETUPS[method](first)
     sent = await first.wait_command(method, **match)
     stored = await _command(method)
-    assert stored.answered_at is None and stored.params == sent["params"]
+    assert stored.answered_at is None and stored.wire_params() == sent["params"]
     await first.close()
 
     # A new connection gets it again, with the same id and params.
@@ -193,14 +193,14 @@ async def _disconnected_runner_with_work(runner_token, make_client):
 async def test_it_keeps_runs_as_they_are_during_the_grace_period(runner_token, make_client):
     await _disconnected_runner_with_work(runner_token, make_client)
     before = await state()
-    report = await adb(services.sweep)(timezone.now() + timedelta(seconds=20))
+    report = await adb(sweep.sweep)(timezone.now() + timedelta(seconds=20))
     assert report.lost_runners == []
     assert await state() == before
 
 
 async def test_it_marks_runs_lost_after_the_grace_period(runner_token, make_client):
     fg, bg = await _disconnected_runner_with_work(runner_token, make_client)
-    report = await adb(services.sweep)(timezone.now() + timedelta(seconds=31))
+    report = await adb(sweep.sweep)(timezone.now() + timedelta(seconds=31))
     assert report.lost_runners == ["runner-a"]
     runs = await adb(
         lambda: {r.run_id: (r.status, r.done, r.error, r.output) for r in Run.objects.all()}
@@ -220,7 +220,7 @@ async def test_it_uses_the_runner_grace_seconds_setting(runner_token, make_clien
     settings.RUNNER_GRACE_SECONDS = 0.2
     await _disconnected_runner_with_work(runner_token, make_client)
     await asyncio.sleep(0.3)
-    report = await adb(services.sweep)()
+    report = await adb(sweep.sweep)()
     assert report.lost_runners == ["runner-a"]
     assert await adb(Run.objects.filter(error="runner lost").count)() == 3
 
@@ -232,7 +232,7 @@ async def test_it_keeps_runs_of_a_runner_that_re_registers_in_time(
     fg, _bg = await _disconnected_runner_with_work(runner_token, make_client)
     back = await make_client(runner_token)
     await asyncio.sleep(0.3)
-    report = await adb(services.sweep)(timezone.now() + timedelta(seconds=60))
+    report = await adb(sweep.sweep)(timezone.now() + timedelta(seconds=60))
     assert report.lost_runners == []
     read = await back.read(fg)
     assert (read["done"], read["status"]) == (False, "running")
@@ -254,7 +254,7 @@ async def test_it_resends_pending_commands_to_a_runner_that_comes_back_in_time(
 
 async def test_it_shows_a_lost_child_to_a_runner_that_comes_back_late(runner_token, make_client):
     await _disconnected_runner_with_work(runner_token, make_client)
-    await adb(services.sweep)(timezone.now() + timedelta(seconds=31))
+    await adb(sweep.sweep)(timezone.now() + timedelta(seconds=31))
     back = await make_client(runner_token)
     # The parent is done, so the foreground child is only reachable through the DB now; the
     # lease was revoked.

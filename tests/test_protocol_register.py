@@ -112,7 +112,8 @@ async def test_it_refuses_a_frame_of_a_connection_fenced_by_another_process(
     runner_token, make_client, method, make_params
 ):
     """A frame in flight on the old socket when a newer one registers: -32002, then 4409."""
-    from delegation import services
+    from delegation import rpc
+    from delegation.services import runners
 
     a = await make_client(runner_token)
     await a.open("root-a")
@@ -120,8 +121,8 @@ async def test_it_refuses_a_frame_of_a_connection_fenced_by_another_process(
     # Fence `a` in the database only, as a registration on another server process would,
     # so its close message never reaches it.
     runner = await adb(Runner.objects.get)(name="runner-a")
-    conn = services.Connection(runner_pk=runner.pk)
-    await adb(services.register)(
+    conn = runners.Connection(runner_pk=runner.pk)
+    await adb(rpc.register)(
         conn, {"hostInstanceId": "elsewhere", "extensions": [DEFAULT_EXTENSION]}
     )
     before = await state()

@@ -17,12 +17,12 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from delegation import client as sdk
-from delegation import services
 from delegation.client import Extension, Preset, RunnerClient, event
 from delegation.models import Event, Run, RunStatus
 from delegation.runner.command import CommandEngine, CommandPreset
 from delegation.runner.host import RunnerHost
 from delegation.runner.scripted import ScriptedConfig, ScriptedEngine
+from delegation.services import operator, tokens
 from tests import live_server
 
 # The live-server fixtures, made visible to this module's tests.
@@ -50,7 +50,7 @@ async def close_worker_connections():
 
 
 async def new_token(name: str) -> str:
-    _runner, token = await sync_to_async(services.create_runner)(name)
+    _runner, token = await sync_to_async(tokens.create_runner)(name)
     return token
 
 
@@ -602,13 +602,13 @@ def test_it_prepares_the_demo_operator_and_a_fresh_runner_token():
     password, token = prepare()
     user = authenticate(username="demo", password=password)
     assert user is not None and user.is_staff and roles.role_of(user) == roles.OPERATOR
-    assert services.authenticate_runner(token).name == "demo-runner"
+    assert tokens.authenticate_runner(token).name == "demo-runner"
     # Run again: a new password and a rotated token; the old ones stop working.
     password2, token2 = prepare()
     assert password2 != password and token2 != token
     assert authenticate(username="demo", password=password) is None
-    assert services.authenticate_runner(token) is None
-    assert services.authenticate_runner(token2).name == "demo-runner"
+    assert tokens.authenticate_runner(token) is None
+    assert tokens.authenticate_runner(token2).name == "demo-runner"
 
 
 def test_it_serves_a_growing_demo_tree_and_stops_cleanly_on_ctrl_c():
@@ -718,10 +718,10 @@ async def test_it_connects_the_documented_shell_agent_through_the_command_engine
                 assert runner.poll() is None, runner.stdout.read()
                 await asyncio.sleep(0.1)
         # An operator steers it: the line reaches the script's stdin.
-        operator = services.Actor.system("test-operator")
+        actor = operator.Actor.system("test-operator")
         for number, message in enumerate(["be nice", "done"]):
-            answer = await sync_to_async(services.do_steer_run)(
-                operator, run, request_id=f"op-{number}", message=message
+            answer = await sync_to_async(operator.do_steer_run)(
+                actor, run, request_id=f"op-{number}", message=message
             )
             assert answer == {"outcome": "injected"}
         code = await asyncio.wait_for(asyncio.to_thread(runner.wait), 30)

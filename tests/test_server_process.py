@@ -11,7 +11,7 @@ import pytest
 import websockets
 
 from canopy.serving import ServerDidNotStart, start_server
-from delegation import services
+from delegation.services import tokens
 from tests import live_server
 
 daphne_factory = live_server.daphne_factory
@@ -26,7 +26,7 @@ async def _call(ws, rpc_id, method, params):
 
 
 def test_it_refuses_a_frame_over_1_mib_and_keeps_the_connection_open(daphne_server):
-    _runner, token = services.create_runner("big-frames")
+    _runner, token = tokens.create_runner("big-frames")
 
     async def scenario():
         async with websockets.connect(

@@ -28,8 +28,9 @@ from ninja.utils import check_csrf
 from pydantic import Field
 
 from delegation import errors as rpc
-from delegation import roles, services
+from delegation import roles
 from delegation.errors import PermissionRefused, RpcError
+from delegation.services import operator, tokens
 from delegation.wire import loads_strict
 
 log = logging.getLogger(__name__)
@@ -251,7 +252,7 @@ class BearerToken(AuthBase):
             raise ApiError(
                 401, "unauthenticated", "Authorization header must be 'Bearer <api token>'"
             )
-        user = services.authenticate_api_token(token.strip())
+        user = tokens.authenticate_api_token(token.strip())
         if user is None:
             raise ApiError(401, "unauthenticated", "API token is unknown or revoked")
         request.user = user
@@ -288,7 +289,7 @@ AUTH = [BearerToken(), DjangoSession()]
 
 
 def actor_for(request):
-    return services.Actor.for_user(request.auth, via="api")
+    return operator.Actor.for_user(request.auth, via="api")
 
 
 # --- Strict query strings ---------------------------------------------------------------------

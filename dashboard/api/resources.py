@@ -24,8 +24,9 @@ from dashboard.api.schemas import (
     SessionPage,
     cursor_param,
 )
-from delegation import selectors, services
+from delegation import selectors
 from delegation.models import AuditEntry, LeaseState
+from delegation.services import operator
 
 router = Router()
 
@@ -179,7 +180,7 @@ def release_lease(request, id: IdParam, body: ReleaseBody = ReleaseBody()):  # n
     lease = selectors.get_lease(id)
     if lease is None:
         raise Http404(f"id: no lease {id}")
-    return services.do_release_lease(actor_for(request), lease)
+    return operator.do_release_lease(actor_for(request), lease)
 
 
 # --- Runners -----------------------------------------------------------------------------------

@@ -31,11 +31,13 @@ from dashboard.api.schemas import (
     SequenceParam,
     SteerBody,
     SteerOutcome,
+    SteerReceiptList,
     TreeNode,
     cursor_param,
 )
-from delegation import selectors, services
+from delegation import selectors
 from delegation.models import RunStatus
+from delegation.services import operator
 
 router = Router(tags=["runs"])
 
@@ -304,6 +306,37 @@ def export_events(request, runId: str, params: Query[ExportParams]):  # noqa: N8
     return export.ndjson_response(request, runs, filename=f"{run.pk}.ndjson")
 
 
+@router.get(
+    "/runs/{runId}/steers",
+    response={200: SteerReceiptList, **READ},
+    summary="A run's steers and how each turned out",
+    description="One receipt per requestId, oldest first. A steer answered `injected` is "
+    "queued for the runner; if the runner then refuses it (its turn ended first, say) the "
+    "receipt turns `undelivered` with the runner's outcome and reason, and the run's stream "
+    "gets a `steer-undelivered` event.",
+)
+@strict_query(NoParams)
+def list_steers(request, runId: str):  # noqa: N803
+    run = find_run(runId)
+    return {
+        "items": [
+            {
+                "requestId": receipt.request_id,
+                "message": receipt.message,
+                "actor": receipt.actor,
+                "createdAt": receipt.created_at,
+                "outcome": receipt.outcome,
+                "reason": receipt.reason,
+                "delivery": receipt.delivery,
+                "runnerOutcome": receipt.runner_outcome,
+                "runnerReason": receipt.runner_reason,
+                "undeliveredAt": receipt.undelivered_at,
+            }
+            for receipt in selectors.steer_receipts(run)
+        ]
+    }
+
+
 # --- Actions -----------------------------------------------------------------------------------
 
 
@@ -320,7 +353,7 @@ def export_events(request, runId: str, params: Query[ExportParams]):  # noqa: N8
 def cancel_run(request, runId: str, body: CancelBody = CancelBody()):  # noqa: N803, B008
     run = find_run(runId)
     body = body or CancelBody()
-    return services.do_cancel_run(actor_for(request), run, reason=body.reason, cascade=body.cascade)
+    return operator.do_cancel_run(actor_for(request), run, reason=body.reason, cascade=body.cascade)
 
 
 @router.post(
@@ -336,6 +369,6 @@ def cancel_run(request, runId: str, body: CancelBody = CancelBody()):  # noqa: N
 @strict_query(NoParams)
 def steer_run(request, runId: str, body: SteerBody):  # noqa: N803
     run = find_run(runId)
-    return services.do_steer_run(
+    return operator.do_steer_run(
         actor_for(request), run, request_id=body.request_id, message=body.message
     )

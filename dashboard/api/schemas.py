@@ -308,6 +308,26 @@ class SteerOutcome(Schema):
     reason: str = Field(default=None, description="With promptRequired: noRunningTurn")
 
 
+class SteerReceiptOut(Schema):
+    requestId: str
+    message: str
+    actor: str
+    createdAt: datetime
+    outcome: str = Field(description="The answer the steer got: injected | promptRequired")
+    reason: str = Field(description="With promptRequired: noRunningTurn; else empty")
+    delivery: str = Field(
+        description="queued (injected, the runner has not refused it), undelivered (the "
+        "runner answered run.steer with something else, e.g. promptRequired), or not-sent"
+    )
+    runnerOutcome: str = Field(description="With undelivered: the runner's outcome")
+    runnerReason: str = Field(description="With undelivered: the runner's reason")
+    undeliveredAt: datetime | None
+
+
+class SteerReceiptList(Schema):
+    items: list[SteerReceiptOut]
+
+
 class ReleaseOutcome(Schema):
     done: bool = Field(description="true once no child under the lease is still running")
     pending: list[str] = Field(description="runIds still winding down (cancel requested)")

@@ -6,8 +6,9 @@ from __future__ import annotations
 from channels.auth import AuthMiddlewareStack
 from channels.security.websocket import AllowedHostsOriginValidator
 
-from delegation import roles, services
+from delegation import roles
 from delegation.protocol import bearer_token
+from delegation.services import tokens
 
 
 class LiveGate:
@@ -35,7 +36,7 @@ class LiveGate:
 def authorise(user, token: str):
     """The user behind the session or the bearer token, and their role (or None)."""
     if token:
-        user = services.authenticate_api_token(token)
+        user = tokens.authenticate_api_token(token)
     if user is None or not getattr(user, "is_authenticated", False):
         return None, None
     return user, roles.role_of(user)

@@ -40,6 +40,7 @@ from delegation.selectors.runs import (
     runs_of_session,
     sessions_matching,
     snapshot,
+    steer_receipts,
     subtree_row_values,
     text_matches,
 )
@@ -99,6 +100,7 @@ __all__ = [
     "runs_of_session",
     "sessions_matching",
     "snapshot",
+    "steer_receipts",
     "subtree_row_values",
     "subtree_run_ids",
     "subtree_runs",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
 
-from delegation.models import Event, Run, RunStatus, Session
+from delegation.models import Event, Run, RunStatus, Session, SteerReceipt
 from delegation.selectors.events import millis
 
 RESULT_RELATED = ("session", "session__parent", "runner", "parent")
@@ -230,3 +230,8 @@ def sessions_matching(
         hostInstanceId=F("host_instance_id"),
         createdAt=F("created_at"),
     )
+
+
+def steer_receipts(run: Run) -> list:
+    """Every steer of one run, oldest first, with how each one turned out."""
+    return list(SteerReceipt.objects.filter(run=run).order_by("created_at", "id"))

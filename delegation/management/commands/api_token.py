@@ -7,8 +7,9 @@ never be shown again. Revoke it by the prefix ``list`` prints.
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from delegation import roles, services
+from delegation import roles
 from delegation.models import ApiToken
+from delegation.services import tokens
 
 
 class Command(BaseCommand):
@@ -33,7 +34,7 @@ class Command(BaseCommand):
             raise CommandError(f"no user named {username!r}")
         if not user.is_active:
             raise CommandError(f"user {username!r} is inactive; its tokens would not work")
-        api_token, token = services.create_api_token(user, name)
+        api_token, token = tokens.create_api_token(user, name)
         role = roles.role_of(user)
         self.stdout.write(
             f"API token {api_token.token_prefix} for {username!r} "
@@ -43,10 +44,10 @@ class Command(BaseCommand):
         self.stdout.write(token)
 
     def _list(self, user=None, **_):
-        tokens = ApiToken.objects.select_related("user").order_by("created_at", "id")
+        listed = ApiToken.objects.select_related("user").order_by("created_at", "id")
         if user is not None:
-            tokens = tokens.filter(user__username=user)
-        for api_token in tokens:
+            listed = listed.filter(user__username=user)
+        for api_token in listed:
             state = (
                 f"revoked {api_token.revoked_at:%Y-%m-%d %H:%M}"
                 if api_token.revoked_at
@@ -63,7 +64,7 @@ class Command(BaseCommand):
             )
 
     def _revoke(self, prefix, **_):
-        count = services.revoke_api_token(prefix)
+        count = tokens.revoke_api_token(prefix)
         if not count:
             raise CommandError(f"no active API token with prefix {prefix!r}")
         self.stdout.write(f"Revoked {count} API token{'s' if count != 1 else ''} ({prefix}).")

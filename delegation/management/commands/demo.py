@@ -28,7 +28,8 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from canopy.serving import ServerDidNotStart, answers, reachable_host, start_server, stop_server
-from delegation import roles, services
+from delegation import roles
+from delegation.services import tokens
 
 BASE_DIR = Path(settings.BASE_DIR)
 RUNNER_NAME = "demo-runner"
@@ -65,7 +66,7 @@ class Command(BaseCommand):
             f"--password={password}",  # one token: a password may start with "-"
             stdout=io.StringIO(),  # quiet: the password is printed below, once
         )
-        _runner, token = services.create_runner(RUNNER_NAME)
+        _runner, token = tokens.create_runner(RUNNER_NAME)
         base = f"http://{reachable_host(opts['host'])}:{opts['port']}"
         self.stdout.write("")
         self.stdout.write(self.style.SUCCESS("Canopy demo"))

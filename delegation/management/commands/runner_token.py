@@ -2,8 +2,8 @@
 
 from django.core.management.base import BaseCommand, CommandError
 
-from delegation import services
 from delegation.models import Runner
+from delegation.services import tokens
 
 
 class Command(BaseCommand):
@@ -20,7 +20,7 @@ class Command(BaseCommand):
     def handle(self, *args, action, **options):
         if action == "create":
             try:
-                runner, token = services.create_runner(options["name"])
+                runner, token = tokens.create_runner(options["name"])
             except ValueError as exc:
                 raise CommandError(str(exc)) from None
             self.stdout.write(
@@ -39,6 +39,6 @@ class Command(BaseCommand):
                     f"generation {runner.connection_generation}"
                 )
         elif action == "revoke":
-            if not services.revoke_runner(options["name"]):
+            if not tokens.revoke_runner(options["name"]):
                 raise CommandError(f"no active runner named {options['name']!r}")
             self.stdout.write(f"Revoked runner {options['name']!r}.")

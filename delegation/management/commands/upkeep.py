@@ -5,7 +5,7 @@ import time
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from delegation import services
+from delegation.services import sweep
 
 
 class Command(BaseCommand):
@@ -16,7 +16,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, once=False, **options):
         while True:
-            report = services.sweep()
+            report = sweep.sweep()
             if report.expired_leases or report.lost_runners:
                 self.stdout.write(
                     f"expired leases: {report.expired_leases}; lost runners: {report.lost_runners}"

@@ -1,0 +1,89 @@
+"""The runner protocol's methods (SPEC §5–§6): decode and validate each method's params with
+the wire schemas, then call the typed service.
+
+The consumer frames, authenticates and dispatches here; the services never see raw params,
+so any other transport can call them with the same typed arguments.
+"""
+
+from __future__ import annotations
+
+from delegation.services import children, runners, streams
+from delegation.services.runners import Connection
+from delegation.wire import (
+    Params,
+    RegisterParams,
+    RunEventParams,
+    RunFinishParams,
+    RunOpenParams,
+    ToolEndParams,
+    parse_model,
+)
+
+
+def register(conn: Connection, raw_params) -> tuple[dict, int, str]:
+    return runners.register(conn, parse_model(RegisterParams, raw_params))
+
+
+def open_run(conn: Connection, raw_params) -> dict:
+    return streams.open_run(conn, parse_model(RunOpenParams, raw_params))
+
+
+def append_events(conn: Connection, raw_params) -> dict:
+    return streams.append_events(conn, parse_model(RunEventParams, raw_params))
+
+
+def finish_run(conn: Connection, raw_params) -> dict:
+    return streams.finish_run(conn, parse_model(RunFinishParams, raw_params))
+
+
+def end_tool(conn: Connection, raw_params) -> dict:
+    return streams.end_tool(conn, parse_model(ToolEndParams, raw_params))
+
+
+def _child_params(raw_params, *required: str) -> Params:
+    params = parse_model(Params, raw_params)
+    params.require(*required)
+    return params
+
+
+def child_start(conn: Connection, raw_params) -> dict:
+    params = _child_params(raw_params, "extension_id", "generation", "request")
+    return children.start_child(conn, params)
+
+
+def child_read(conn: Connection, raw_params) -> dict:
+    return children.read_child(conn, _child_params(raw_params))
+
+
+def child_cancel(conn: Connection, raw_params) -> dict:
+    return children.cancel_child(conn, _child_params(raw_params))
+
+
+def child_steer(conn: Connection, raw_params) -> dict:
+    return children.steer_child(conn, _child_params(raw_params, "message", "request_id"))
+
+
+def child_lease_release(conn: Connection, raw_params) -> tuple[int, list[str]]:
+    params = _child_params(raw_params, "lease_id", "extension_id", "generation")
+    return children.release_child_lease(conn, params)
+
+
+# method -> function taking (connection, raw params) and returning the JSON result.
+HANDLERS = {
+    "run.open": open_run,
+    "run.event": append_events,
+    "run.finish": finish_run,
+    "tool.end": end_tool,
+    "child.start": child_start,
+    "child.read": child_read,
+    "child.cancel": child_cancel,
+    "child.steer": child_steer,
+}
+# Methods the consumer handles itself around the call: register swaps the connection, and
+# release answers only once the lease's children have stopped.
+METHODS = frozenset(HANDLERS) | {"runner.register", "child.lease.release"}
+# Methods that may queue server-to-runner commands (child.execute, run.cancel of foreground
+# children, run.steer): flush right away instead of waiting for the doorbell or the poll.
+QUEUES_COMMANDS = frozenset(
+    {"child.start", "child.cancel", "child.steer", "run.finish", "tool.end"}
+)

@@ -1,0 +1,61 @@
+"""Row-level steps every domain shares: locking a run, a server event, a run's terminal state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.utils import timezone
+
+from delegation import notify
+from delegation.models import Event, Run, RunStatus
+from delegation.selectors import RESULT_RELATED
+
+
+@dataclass(frozen=True)
+class Connection:
+    """One authenticated runner socket, as the consumer knows it."""
+
+    runner_pk: int
+    generation: int = 0
+    declared_depth: int | None = None
+    channel_name: str = ""
+
+
+def lock_run(pk: int) -> Run:
+    # of=("self",): PostgreSQL cannot lock the nullable side of the outer joins.
+    return Run.objects.select_for_update(of=("self",)).select_related(*RESULT_RELATED).get(pk=pk)
+
+
+def store_server_event(run: Run, kind: str, *, actor: str = "", **fields) -> Event:
+    """Append one server event under the run's lock; the caller holds ``run`` locked."""
+    run.last_sequence += 1
+    event = Event.objects.create(
+        run=run, sequence=run.last_sequence, kind=kind, actor=actor, **fields
+    )
+    run.updated_at = timezone.now()
+    run.save(update_fields=["last_sequence", "updated_at"])
+    notify.run_changed(run)
+    return event
+
+
+def mark_finished(run: Run, status: str, *, error: str = "", output: str | None = None):
+    run.status = status
+    run.done = True
+    run.cancelled = status == RunStatus.CANCELLED
+    if error:
+        run.error = error
+    if output is not None:
+        run.output = output
+    run.finished_at = run.updated_at = timezone.now()
+    run.save(
+        update_fields=[
+            "status",
+            "done",
+            "cancelled",
+            "error",
+            "output",
+            "finished_at",
+            "updated_at",
+        ]
+    )
+    notify.run_changed(run)

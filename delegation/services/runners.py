@@ -1,0 +1,130 @@
+"""Runner connections: register (fencing older sockets), disconnect, touch, loss."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from delegation import notify
+from delegation.errors import NOT_REGISTERED, STALE_CONNECTION, RpcError
+from delegation.models import (
+    Command,
+    ExtensionPreset,
+    Lease,
+    LeaseState,
+    Run,
+    Runner,
+    RunStatus,
+)
+from delegation.services.base import Connection, lock_run, mark_finished
+from delegation.services.operator import Actor, audit, do_release_lease
+from delegation.wire import RegisterParams
+
+RUNNER_LOST_ERROR = "runner lost"
+
+
+def current_runner(conn: Connection, lock: bool = True) -> Runner:
+    """The caller's runner, refusing frames from a fenced (older) connection."""
+    runners = Runner.objects.select_for_update() if lock else Runner.objects
+    runner = runners.get(pk=conn.runner_pk)
+    if runner.revoked_at is not None:
+        raise RpcError(STALE_CONNECTION, "runner token was revoked")
+    if conn.generation == 0:
+        raise RpcError(NOT_REGISTERED, "not registered: the first call must be runner.register")
+    if runner.connection_generation != conn.generation:
+        raise RpcError(
+            STALE_CONNECTION,
+            f"stale connection: generation {conn.generation} was replaced by "
+            f"{runner.connection_generation}",
+        )
+    return runner
+
+
+def register(conn: Connection, params: RegisterParams) -> tuple[dict, int, str]:
+    """Bump the generation (fencing every older connection) and replace the presets."""
+    with transaction.atomic():
+        runner = Runner.objects.select_for_update().get(pk=conn.runner_pk)
+        if runner.revoked_at is not None:
+            raise RpcError(STALE_CONNECTION, "runner token was revoked")
+        previous_channel = runner.channel_name
+        previous_host = runner.host_instance_id
+        runner.connection_generation += 1
+        runner.channel_name = conn.channel_name
+        runner.host_instance_id = params.host_instance_id
+        runner.workspace = params.workspace or ""
+        runner.declared_depth = conn.declared_depth
+        runner.connected = True
+        runner.last_seen_at = timezone.now()
+        runner.disconnected_at = None
+        runner.lost_at = None
+        runner.save()
+        if previous_host and previous_host != params.host_instance_id:
+            _abandon_host_instance(runner, previous_host, params.host_instance_id)
+        ExtensionPreset.objects.filter(runner=runner).delete()
+        ExtensionPreset.objects.bulk_create(
+            ExtensionPreset(
+                runner=runner,
+                extension_id=ext.extension_id,
+                generation=ext.generation,
+                name=preset.name,
+                options=preset.options.wire() if preset.options is not None else {},
+                system_prompt=preset.system_prompt,
+            )
+            for ext in params.extensions
+            for preset in ext.presets
+        )
+        # Everything not yet answered goes out again on this connection.
+        Command.objects.filter(runner=runner, answered_at__isnull=True).update(sent_generation=None)
+        notify.runner_changed(runner.pk)
+    result = {"runnerId": runner.name, "connectionGeneration": runner.connection_generation}
+    fenced = previous_channel if previous_channel != conn.channel_name else ""
+    return result, runner.connection_generation, fenced
+
+
+def _abandon_host_instance(runner: Runner, previous: str, current: str) -> None:
+    """A new host instance means the old process is gone, with the runs it was executing.
+
+    Without this, a runner restarted within the grace period would leave those runs
+    "running" forever: it never counts as lost, and nothing is left to resend.
+    """
+    error = f"{RUNNER_LOST_ERROR}: host instance {previous} was replaced by {current}"
+    pks = list(
+        Run.objects.filter(runner=runner, host_instance_id=previous)
+        .live()
+        .values_list("pk", flat=True)
+    )
+    for pk in pks:
+        mark_finished(lock_run(pk), RunStatus.LOST, error=error)
+    # Their commands would reach a process that never heard of them.
+    Command.objects.filter(run_id__in=pks, answered_at__isnull=True).update(
+        answered_at=timezone.now(), result={"dropped": error}
+    )
+
+
+def runner_disconnected(conn: Connection) -> None:
+    """Start the grace period, unless a newer connection already took over."""
+    with transaction.atomic():
+        updated = Runner.objects.filter(
+            pk=conn.runner_pk, connection_generation=conn.generation, connected=True
+        ).update(connected=False, disconnected_at=timezone.now(), channel_name="")
+        if updated:
+            notify.runner_changed(conn.runner_pk)
+
+
+def touch_runner(conn: Connection) -> None:
+    Runner.objects.filter(pk=conn.runner_pk, connection_generation=conn.generation).update(
+        last_seen_at=timezone.now()
+    )
+
+
+def lose_runner(runner: Runner, now) -> None:
+    lost = Actor.system("system:runner-lost")
+    runner.lost_at = now
+    runner.save(update_fields=["lost_at"])
+    for lease in Lease.objects.filter(runner=runner, state=LeaseState.ACTIVE):
+        do_release_lease(lost, lease, state=LeaseState.REVOKED)
+    for pk in Run.objects.filter(runner=runner).live().values_list("pk", flat=True):
+        run = lock_run(pk)
+        mark_finished(run, RunStatus.LOST, error=RUNNER_LOST_ERROR)
+    audit(lost, "runner-lost", "runner", runner.name, "lost")
+    notify.runner_changed(runner.pk)

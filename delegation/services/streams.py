@@ -1,0 +1,330 @@
+"""A run's stream: open, append (exactly once, bulk insert), finish, and the end of a tool call."""
+
+from __future__ import annotations
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from delegation import depth as depthlib
+from delegation import notify
+from delegation.errors import INVALID_PARAMS, NO_SUCH_RUN, NOT_OWNED, RpcError
+from delegation.models import (
+    AuditEntry,
+    Event,
+    ExtensionPreset,
+    Run,
+    RunStatus,
+    Session,
+)
+from delegation.protocol import SERVER_EVENT_KINDS
+from delegation.selectors import EVENT_FIELDS, RESULT_RELATED, live_event_row, snapshot
+from delegation.services.base import lock_run, mark_finished
+from delegation.services.operator import Actor, request_cancel
+from delegation.services.runners import Connection, current_runner
+from delegation.wire import (
+    MAX_EVENT_FIELD_BYTES,
+    RunEventParams,
+    RunFinishParams,
+    RunOpenParams,
+    ToolEndParams,
+    canonical,
+    truncate_utf8,
+    utf8_len,
+)
+
+
+def open_run(conn: Connection, params: RunOpenParams) -> dict:
+    with transaction.atomic():
+        runner = current_runner(conn)
+        existing = Run.objects.select_related(*RESULT_RELATED).filter(run_id=params.run_id).first()
+        if existing is not None:
+            # A replay after a reconnect answers with the run as stored.
+            if existing.runner_id == runner.pk and (
+                existing.session.conversation_id == params.conversation_id
+            ):
+                return snapshot(existing)
+            raise RpcError(INVALID_PARAMS, f"runId: {params.run_id!r} is already in use")
+        session = Session.objects.filter(conversation_id=params.conversation_id).first()
+        if session is not None and (session.runner_id != runner.pk or session.parent_id):
+            raise RpcError(
+                NOT_OWNED,
+                f"conversationId: {params.conversation_id!r} is not a top-level session of "
+                "this runner (children are resumed through child.start)",
+            )
+        if session is None:
+            level = depthlib.from_meta(params.meta or {})
+            if level is None:
+                level = runner.declared_depth if runner.declared_depth is not None else 0
+            session = Session.objects.create(
+                conversation_id=params.conversation_id,
+                runner=runner,
+                depth=level,
+                extension_id=params.extension_id or "",
+                profile=params.profile or "",
+                host_instance_id=runner.host_instance_id,
+            )
+        options = {}
+        if params.profile and params.extension_id:
+            preset = ExtensionPreset.objects.filter(
+                runner=runner, extension_id=params.extension_id, name=params.profile
+            ).first()
+            options = preset.options if preset else {}
+        run = Run.objects.create(
+            run_id=params.run_id,
+            session=session,
+            runner=runner,
+            depth=session.depth,
+            extension_id=params.extension_id or "",
+            profile=params.profile or "",
+            host_instance_id=runner.host_instance_id,
+            options=options,
+        )
+        notify.run_changed(run, new_run=True)
+        return snapshot(run)
+
+
+def _normalise_event(event) -> dict:
+    """The event as it will be stored: long fields cut at 32 KiB on a UTF-8 boundary."""
+    row = {
+        "kind": event.kind,
+        "text": event.text,
+        "tool_name": event.tool_name,
+        "tool_call_id": event.tool_call_id,
+        "input": event.input,
+        "tool_output": event.tool_output,
+        "success": event.success,
+        "error": event.error,
+        "truncated": False,
+    }
+    for name in ("text", "error", "input", "tool_output"):
+        value = row[name]
+        if value is None:
+            continue
+        if isinstance(value, str):
+            row[name], cut = truncate_utf8(value, MAX_EVENT_FIELD_BYTES)
+        elif not isinstance(value, bool | int | float):
+            rendered = canonical(value)
+            if utf8_len(rendered) > MAX_EVENT_FIELD_BYTES:
+                row[name], cut = truncate_utf8(rendered, MAX_EVENT_FIELD_BYTES)
+            else:
+                cut = False
+        else:
+            cut = False
+        row["truncated"] = row["truncated"] or cut
+    return row
+
+
+# A replay must repeat every field an event carries on the wire.
+_COMPARED = ("kind", *(attr for _alias, attr in EVENT_FIELDS))
+
+
+def _same_event(row: dict, stored: Event) -> bool:
+    return all(canonical(row[name]) == canonical(getattr(stored, name)) for name in _COMPARED)
+
+
+def append_events(conn: Connection, params: RunEventParams) -> dict:
+    """Exactly-once append (SPEC §5): replays are skipped, conflicts and gaps refuse the frame."""
+    for index, event in enumerate(params.events):
+        if event.kind in SERVER_EVENT_KINDS:
+            raise RpcError(
+                INVALID_PARAMS, f"events[{index}].kind: {event.kind!r} is reserved for the server"
+            )
+    rows = [_normalise_event(event) for event in params.events]
+    with transaction.atomic():
+        runner = current_runner(conn, lock=False)
+        run = Run.objects.select_for_update().filter(run_id=params.run_id, runner=runner).first()
+        if run is None:
+            raise RpcError(NO_SUCH_RUN, f"runId: no run {params.run_id!r} of this runner")
+        first = params.from_
+        if first > run.emitted + 1:
+            raise RpcError(
+                INVALID_PARAMS,
+                f"from: {first} leaves a gap; the server has stored {run.emitted} events of "
+                f"this run, resend from {run.emitted + 1}",
+            )
+        replayed = max(0, min(len(rows), run.emitted - first + 1))
+        if replayed:
+            stored = {
+                e.runner_index: e
+                for e in Event.objects.filter(
+                    run=run, runner_index__gte=first, runner_index__lt=first + replayed
+                )
+            }
+            for offset in range(replayed):
+                match = stored.get(first + offset)
+                if match is None or not _same_event(rows[offset], match):
+                    raise RpcError(
+                        INVALID_PARAMS,
+                        f"events[{offset}]: conflicts with the stored event number "
+                        f"{first + offset} of this run (a replay must repeat it exactly)",
+                    )
+        fresh = rows[replayed:]
+        if fresh:
+            now = timezone.now()
+            next_sequence = run.last_sequence
+            next_index = run.emitted
+            values = []
+            for row in fresh:
+                next_sequence += 1
+                next_index += 1
+                values.append((run.pk, next_sequence, next_index, now, row))
+            insert_events(values)
+            fields = ["last_sequence", "emitted", "updated_at"]
+            for event in params.events[replayed:]:
+                # "A result event sets the run's output", kept whole (not truncated).
+                if event.kind == "result" and event.text is not None:
+                    run.output = event.text
+                    if "output" not in fields:
+                        fields.append("output")
+            run.last_sequence = next_sequence
+            run.emitted = next_index
+            run.updated_at = now
+            run.save(update_fields=fields)
+            created_ms = int(now.timestamp() * 1000)
+            first_sequence = next_sequence - len(fresh) + 1
+            notify.run_changed(
+                run,
+                events=[
+                    live_event_row(first_sequence + offset, row, created_ms)
+                    for offset, row in enumerate(fresh)
+                ],
+            )
+        return {"emitted": run.emitted, "sequence": run.last_sequence}
+
+
+_EVENT_COLUMNS = (
+    "run_id",
+    "sequence",
+    "runner_index",
+    "created_at",
+    "kind",
+    "text",
+    "tool_name",
+    "tool_call_id",
+    "input",
+    "tool_output",
+    "success",
+    "error",
+    "truncated",
+    "actor",
+)
+_EVENT_JSON = ("input", "tool_output")
+_PG_ARRAY_TYPES = (
+    "bigint",
+    "bigint",
+    "bigint",
+    "timestamptz",
+    "text",
+    "text",
+    "text",
+    "text",
+    "jsonb",
+    "jsonb",
+    "boolean",
+    "text",
+    "boolean",
+    "text",
+)
+
+
+def insert_events(values: list[tuple]) -> None:
+    """Insert runner events with as few statements as possible.
+
+    The ORM's bulk_create spent most of an append preparing values field by field; this
+    path is the hot one (ingest), so it prepares only what needs preparing: JSON and time.
+    """
+    quote = connection.ops.quote_name
+    table = quote(Event._meta.db_table)
+    columns = ", ".join(quote(name) for name in _EVENT_COLUMNS)
+    placeholders = ", ".join(["%s"] * len(_EVENT_COLUMNS))
+    json_field = {name: Event._meta.get_field(name) for name in _EVENT_JSON}
+    created = Event._meta.get_field("created_at")
+    rows = []
+    stamps = {}
+    for run_pk, sequence, runner_index, now, row in values:
+        stamp = stamps.get(now)
+        if stamp is None:
+            stamp = stamps[now] = created.get_db_prep_save(now, connection)
+        json_values = [
+            None if row[name] is None else json_field[name].get_db_prep_save(row[name], connection)
+            for name in _EVENT_JSON
+        ]
+        rows.append(
+            (
+                run_pk,
+                sequence,
+                runner_index,
+                stamp,
+                row["kind"],
+                row["text"],
+                row["tool_name"],
+                row["tool_call_id"],
+                json_values[0],
+                json_values[1],
+                row["success"],
+                row["error"],
+                row["truncated"],
+                "",
+            )
+        )
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            # One array per column: constant statement size, nothing for the client-side
+            # binder to split, however many events the frame carries.
+            casts = ", ".join(f"%s::{kind}[]" for kind in _PG_ARRAY_TYPES)
+            cursor.execute(
+                f"INSERT INTO {table} ({columns}) SELECT * FROM unnest({casts})",
+                [list(column) for column in zip(*rows, strict=True)],
+            )
+            return
+        # SQLite: a multi-row INSERT per chunk, under its bound-variable limit.
+        for start in range(0, len(rows), _INSERT_CHUNK):
+            chunk = rows[start : start + _INSERT_CHUNK]
+            values_sql = ", ".join([f"({placeholders})"] * len(chunk))
+            cursor.execute(
+                f"INSERT INTO {table} ({columns}) VALUES {values_sql}",
+                [value for row in chunk for value in row],
+            )
+
+
+_INSERT_CHUNK = 500
+
+
+def finish_run(conn: Connection, params: RunFinishParams) -> dict:
+    with transaction.atomic():
+        runner = current_runner(conn, lock=False)
+        found = Run.objects.filter(run_id=params.run_id, runner=runner).values("pk").first()
+        if found is None:
+            raise RpcError(NO_SUCH_RUN, f"runId: no run {params.run_id!r} of this runner")
+        run = lock_run(found["pk"])
+        if not run.is_terminal:
+            if params.cancelled:
+                status = RunStatus.CANCELLED
+            elif params.error:
+                status = RunStatus.FAILED
+            else:
+                status = RunStatus.SUCCEEDED
+            mark_finished(run, status, error=params.error or "", output=params.output)
+            _cancel_foreground_children(run, Run.objects.filter(parent=run), "parent run finished")
+        return snapshot(run)
+
+
+def end_tool(conn: Connection, params: ToolEndParams) -> dict:
+    with transaction.atomic():
+        runner = current_runner(conn, lock=False)
+        run = Run.objects.filter(run_id=params.run_id, runner=runner).first()
+        if run is None:
+            raise RpcError(NO_SUCH_RUN, f"runId: no run {params.run_id!r} of this runner")
+        children = Run.objects.filter(parent=run, tool_call_id=params.tool_call_id)
+        cancelled = _cancel_foreground_children(run, children, "tool call ended")
+        return {"cancelled": cancelled}
+
+
+def _cancel_foreground_children(run: Run, children, reason: str) -> list[str]:
+    """Foreground children (no lease) do not outlive the run or tool call that started them."""
+    actor = Actor(label=f"runner:{run.runner.name}", via=AuditEntry.Via.SYSTEM)
+    stopped = []
+    for child in children.filter(lease__isnull=True).live():
+        request_cancel(actor, child, reason)
+        stopped.append(child.run_id)
+    return stopped

@@ -1,0 +1,75 @@
+"""Background upkeep: lease expiry and runner loss, safe to run in every process at once."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from delegation import notify
+from delegation.models import Lease, LeaseState, Runner
+from delegation.services.operator import Actor, do_release_lease
+from delegation.services.runners import lose_runner
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SweepReport:
+    expired_leases: list[str] = field(default_factory=list)
+    lost_runners: list[str] = field(default_factory=list)
+
+
+def sweep(now=None) -> SweepReport:
+    """Expire leases past their TTL and mark runners lost after the grace period.
+
+    Safe to run in every process at once: each step re-checks its row under a lock.
+    """
+    now = now or timezone.now()
+    report = SweepReport()
+    system = Actor.system("system:lease-expiry")
+    for pk in Lease.objects.filter(state=LeaseState.ACTIVE, expires_at__lte=now).values_list(
+        "pk", flat=True
+    ):
+        with transaction.atomic():
+            lease = Lease.objects.select_for_update().filter(pk=pk).first()
+            if lease is None or lease.state != LeaseState.ACTIVE or lease.expires_at > now:
+                continue
+            do_release_lease(system, lease, state=LeaseState.EXPIRED)
+            report.expired_leases.append(lease.lease_id)
+    _disconnect_silent_runners()
+    grace = timedelta(seconds=settings.RUNNER_GRACE_SECONDS)
+    for pk in Runner.objects.filter(
+        connected=False, lost_at__isnull=True, disconnected_at__lte=now - grace
+    ).values_list("pk", flat=True):
+        with transaction.atomic():
+            runner = Runner.objects.select_for_update().filter(pk=pk).first()
+            if runner is None or runner.connected or runner.lost_at is not None:
+                continue
+            lose_runner(runner, now)
+            report.lost_runners.append(runner.name)
+    return report
+
+
+def _disconnect_silent_runners() -> None:
+    """A connection whose server process died never reports its close: every live runner
+    socket touches ``last_seen_at`` each OUTBOX_RESEND_SECONDS, so one silent for several
+    periods is treated as closed then, and the grace period starts from that moment.
+
+    Wall-clock time, not the sweep's ``now``: this is about processes, not about leases.
+    """
+    silent_since = timezone.now() - timedelta(seconds=settings.RUNNER_SILENT_SECONDS)
+    stale = Runner.objects.filter(connected=True, last_seen_at__lt=silent_since)
+    for runner in stale.only("pk", "last_seen_at"):
+        updated = Runner.objects.filter(
+            pk=runner.pk, connected=True, last_seen_at=runner.last_seen_at
+        ).update(connected=False, disconnected_at=runner.last_seen_at, channel_name="")
+        if updated:
+            log.warning(
+                "runner %s silent since %s: treated as disconnected", runner.pk, runner.last_seen_at
+            )
+            notify.runner_changed(runner.pk)

@@ -1,0 +1,72 @@
+"""Runner and API tokens: created once, shown once, stored hashed."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from delegation.models import ApiToken, Runner, hash_token, new_token
+from delegation.wire import valid_id
+
+
+def create_runner(name: str) -> tuple[Runner, str]:
+    """Create a runner, or rotate its token; the plain token is returned once and never kept."""
+    valid_id(name, "runner name")
+    token = new_token("cnr")
+    runner, created = Runner.objects.get_or_create(
+        name=name, defaults={"token_hash": hash_token(token), "token_prefix": token[:12]}
+    )
+    if not created:
+        runner.token_hash = hash_token(token)
+        runner.token_prefix = token[:12]
+        runner.revoked_at = None
+        runner.save(update_fields=["token_hash", "token_prefix", "revoked_at"])
+    return runner, token
+
+
+def revoke_runner(name: str) -> bool:
+    return bool(
+        Runner.objects.filter(name=name, revoked_at__isnull=True).update(
+            revoked_at=timezone.now(), token_hash=hash_token(new_token("revoked"))
+        )
+    )
+
+
+def authenticate_runner(token: str) -> Runner | None:
+    if not token:
+        return None
+    return Runner.objects.filter(token_hash=hash_token(token), revoked_at__isnull=True).first()
+
+
+def create_api_token(user, name: str = "") -> tuple[ApiToken, str]:
+    """A bearer token for scripts; it acts with its user's role. Shown once, stored hashed."""
+    token = new_token("cna")
+    api_token = ApiToken.objects.create(
+        user=user, name=name, token_hash=hash_token(token), token_prefix=token[:12]
+    )
+    return api_token, token
+
+
+def revoke_api_token(prefix: str) -> int:
+    return ApiToken.objects.filter(token_prefix=prefix, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
+
+
+def authenticate_api_token(token: str):
+    """The active user behind a bearer token, or None."""
+    if not token:
+        return None
+    found = (
+        ApiToken.objects.select_related("user")
+        .filter(token_hash=hash_token(token), revoked_at__isnull=True, user__is_active=True)
+        .first()
+    )
+    if found is None:
+        return None
+    now = timezone.now()
+    # Refreshed at most once a minute: every API read would otherwise be a write.
+    if found.last_used_at is None or now - found.last_used_at > timedelta(seconds=60):
+        ApiToken.objects.filter(pk=found.pk).update(last_used_at=now)
+    return found.user
