@@ -8,7 +8,8 @@ from django.contrib.auth.models import User
 
 from delegation.models import AuditEntry, Command, Event, SteerReceipt
 from tests.conftest import adb, state
-from tests.test_api_support import Api, make_user
+from tests.personas import USERNAMES, make_person
+from tests.test_api_support import Api
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,7 +33,7 @@ async def _answer(runner, command, result):
 
 async def _rest(path):
     def get():
-        user = User.objects.filter(username="otto").first() or make_user("otto", "operator")
+        user = User.objects.filter(username=USERNAMES["operator"]).first() or make_person("operator")
         api = Api(user, "token")
         response = api.get(path)
         assert response.status_code == 200, response.content
