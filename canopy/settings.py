@@ -227,6 +227,27 @@ LIVE_HEARTBEAT_SECONDS = env_float("LIVE_HEARTBEAT_SECONDS", 10.0, minimum=0.05)
 # Unsent bytes a live socket may pile up before the client is closed as too slow (4408).
 LIVE_MAX_BACKLOG_BYTES = env_int("LIVE_MAX_BACKLOG_BYTES", 2 * 1024 * 1024, minimum=65536)
 
+# --- Alerts and metrics (SPEC §10) -----------------------------------------------------------
+
+# A webhook POST gives up after this long (connect and read each); the sender never waits longer.
+WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 5.0, minimum=0.1)
+# Retries back off exponentially from the first to the longest delay, and a delivery not
+# answered 2xx within WEBHOOK_GIVE_UP_SECONDS of being stored is given up.
+WEBHOOK_RETRY_FIRST_SECONDS = env_float("WEBHOOK_RETRY_FIRST_SECONDS", 10.0, minimum=0.01)
+WEBHOOK_RETRY_MAX_SECONDS = env_float("WEBHOOK_RETRY_MAX_SECONDS", 3600.0, minimum=0.01)
+WEBHOOK_GIVE_UP_SECONDS = env_float("WEBHOOK_GIVE_UP_SECONDS", 86400.0, minimum=1)
+WEBHOOK_CONCURRENCY = env_int("WEBHOOK_CONCURRENCY", 8, minimum=1)
+# prometheus-client reads this itself; checked here so a bad value stops the process at start
+# instead of failing the first increment.
+PROMETHEUS_MULTIPROC_DIR = env_str("PROMETHEUS_MULTIPROC_DIR", "")
+if PROMETHEUS_MULTIPROC_DIR and not (
+    os.path.isdir(PROMETHEUS_MULTIPROC_DIR) and os.access(PROMETHEUS_MULTIPROC_DIR, os.W_OK)
+):
+    raise ImproperlyConfigured(
+        f"PROMETHEUS_MULTIPROC_DIR must be an existing writable directory, got "
+        f"{PROMETHEUS_MULTIPROC_DIR!r}"
+    )
+
 # --- Security (README "Production settings") ------------------------------------------------
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -253,6 +274,8 @@ if env_bool("SECURE_PROXY_SSL_HEADER", False):
     # Only behind a proxy that sets X-Forwarded-Proto itself and strips the client's.
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+# A Prometheus server on this machine scrapes the daphne port itself, over plain HTTP.
+SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", False)
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)

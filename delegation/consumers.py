@@ -19,7 +19,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from delegation import depth as depthlib
-from delegation import notify, rpc, upkeep
+from delegation import metrics, notify, rpc, upkeep
 from delegation.errors import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
@@ -75,6 +75,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         )
         await self.accept()
         if runner is None:
+            metrics.refused(CLOSE_UNAUTHORIZED)
             await self.close(code=CLOSE_UNAUTHORIZED)
             return
         self.conn = runners.Connection(
@@ -266,6 +267,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             await self.send(text_data=dumps(message))
 
     async def _reply_error(self, rpc_id, error: RpcError, notify_only: bool = False):
+        metrics.refused(error.code)
         if notify_only:
             return
         await self._send({"jsonrpc": "2.0", "id": rpc_id, "error": error.wire()})

@@ -7,6 +7,7 @@ so any other transport can call them with the same typed arguments.
 
 from __future__ import annotations
 
+from delegation import metrics
 from delegation.services import children, runners, streams
 from delegation.services.runners import Connection
 from delegation.wire import (
@@ -29,7 +30,8 @@ def open_run(conn: Connection, raw_params) -> dict:
 
 
 def append_events(conn: Connection, raw_params) -> dict:
-    return streams.append_events(conn, parse_model(RunEventParams, raw_params))
+    with metrics.INGEST_SECONDS.time():
+        return streams.append_events(conn, parse_model(RunEventParams, raw_params))
 
 
 def finish_run(conn: Connection, raw_params) -> dict:

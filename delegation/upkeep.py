@@ -1,4 +1,4 @@
-"""Background upkeep inside each server process: lease expiry and runner loss.
+"""Background upkeep inside each server process: lease expiry, runner loss, webhook sending.
 
 Every process runs the sweep; each step re-checks its row under a lock, so running it in
 several processes at once is safe. Deployments that prefer a separate process can run
@@ -13,22 +13,26 @@ import logging
 from channels.db import database_sync_to_async
 from django.conf import settings
 
+from delegation import webhooks
 from delegation.services import sweep
 
 log = logging.getLogger(__name__)
 
 _task: asyncio.Task | None = None
+_sender: asyncio.Task | None = None
 
 
 def ensure_started() -> None:
-    """Start the sweep loop on the running event loop once (and again after a loop change)."""
-    global _task
+    """Start the sweep loop and the webhook sender on the running event loop once (and again
+    after a loop change). The sender is its own task so a slow receiver never delays a sweep."""
+    global _task, _sender
     if not settings.UPKEEP_IN_PROCESS:
         return
     loop = asyncio.get_running_loop()
-    if _task is not None and not _task.done() and _task.get_loop() is loop:
-        return
-    _task = loop.create_task(_sweep_forever())
+    if _task is None or _task.done() or _task.get_loop() is not loop:
+        _task = loop.create_task(_sweep_forever())
+    if _sender is None or _sender.done() or _sender.get_loop() is not loop:
+        _sender = loop.create_task(webhooks.deliver_forever())
 
 
 async def _sweep_forever():

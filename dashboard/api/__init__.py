@@ -5,13 +5,14 @@ from dashboard.api.core import AUTH, ERRORS_DOC, CanopyAPI, StrictParser, instal
 DESCRIPTION = (
     """
 Query and act on Canopy's delegation trees: sessions, runs (filter, detail, subtree, events,
-NDJSON export), leases, runners and the audit log; cancel, steer and release.
+NDJSON export), leases, runners and the audit log; cancel, steer and release; webhooks
+and their delivery log (admins).
 
 **Authentication.** `Authorization: Bearer <api token>` (create one with
 `python manage.py api_token create USERNAME`; it acts with that user's role) or the browser's
 Django session, in which case POST requests also need the CSRF token in `X-CSRFToken`.
 Roles: **viewer** reads everything; **operator** may also cancel, steer and release;
-**admin** also manages tokens. A signed-in user with no role gets 403 everywhere.
+**admin** also manages tokens and webhooks (alerts). A signed-in user with no role gets 403 everywhere.
 
 **Names.** Query parameters are snake_case (`depth_min`, `created_after`, `lease_id`); JSON
 bodies and responses use the wire's camelCase (`runId`, `requestId`). Unknown or repeated
@@ -39,9 +40,10 @@ api = CanopyAPI(
 )
 install_error_handlers(api)
 
-from dashboard.api import resources, runs  # noqa: E402
+from dashboard.api import alerts, resources, runs  # noqa: E402
 
 api.add_router("", runs.router)
 api.add_router("", resources.router)
+api.add_router("", alerts.router)
 
 __all__ = ["api"]

@@ -26,7 +26,7 @@ from dashboard.live.frames import (
     parse_client_frame,
 )
 from dashboard.live.gate import authorise, can_act
-from delegation import notify, selectors
+from delegation import metrics, notify, selectors
 from delegation.protocol import CLOSE_FORBIDDEN, CLOSE_UNAUTHORIZED, bearer_token
 from delegation.wire import dumps
 
@@ -153,6 +153,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_FORBIDDEN)
             return
         self.user = user
+        self.counted = True
+        metrics.LIVE_SOCKETS.inc()
         self.heartbeat_seconds = float(settings.LIVE_HEARTBEAT_SECONDS)
         await self._send(
             {
@@ -168,6 +170,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.tasks.append(asyncio.ensure_future(self._beat()))
 
     async def disconnect(self, code):
+        if getattr(self, "counted", False):
+            self.counted = False
+            metrics.LIVE_SOCKETS.dec()
         for task in getattr(self, "tasks", []):
             task.cancel()
         for group in list(getattr(self, "groups_held", {})):
@@ -428,6 +433,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             for batch in _batches(events):
                 await self._send({"type": "events", "runId": sub.run_id, "events": batch})
                 sub.sent = batch[-1]["sequence"]
+                metrics.pushed(batch[-1].get("createdAt"))
         return True
 
     async def _catch_up_run(self, sub: _RunSub):
@@ -445,6 +451,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             for batch in _batches(fresh):
                 await self._send({"type": "events", "runId": sub.run_id, "events": batch})
                 sub.sent = batch[-1]["sequence"]
+                metrics.pushed(batch[-1].get("createdAt"))
             fingerprint = _run_fingerprint(state)
             if fingerprint != sub.state:
                 sub.state = fingerprint

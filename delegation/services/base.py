@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.db import transaction
 from django.utils import timezone
 
-from delegation import notify
+from delegation import metrics, notify
 from delegation.models import Event, Run, RunStatus
 from delegation.selectors import RESULT_RELATED
 
@@ -35,7 +36,12 @@ def store_server_event(run: Run, kind: str, *, actor: str = "", **fields) -> Eve
     run.updated_at = timezone.now()
     run.save(update_fields=["last_sequence", "updated_at"])
     notify.run_changed(run)
+    transaction.on_commit(_server_event_stored)
     return event
+
+
+def _server_event_stored():
+    metrics.events_stored(1, origin="server")
 
 
 def mark_finished(run: Run, status: str, *, error: str = "", output: str | None = None):
@@ -59,3 +65,7 @@ def mark_finished(run: Run, status: str, *, error: str = "", output: str | None 
         ]
     )
     notify.run_changed(run)
+    # Imported here: the alert services build on the operator services, which build on this.
+    from delegation.services import alerts
+
+    alerts.run_finished(run)

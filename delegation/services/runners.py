@@ -16,6 +16,7 @@ from delegation.models import (
     Runner,
     RunStatus,
 )
+from delegation.services import alerts
 from delegation.services.base import Connection, lock_run, mark_finished
 from delegation.services.operator import Actor, audit, do_release_lease
 from delegation.wire import RegisterParams
@@ -123,8 +124,11 @@ def lose_runner(runner: Runner, now) -> None:
     runner.save(update_fields=["lost_at"])
     for lease in Lease.objects.filter(runner=runner, state=LeaseState.ACTIVE):
         do_release_lease(lost, lease, state=LeaseState.REVOKED)
+    lost_runs = []
     for pk in Run.objects.filter(runner=runner).live().values_list("pk", flat=True):
         run = lock_run(pk)
         mark_finished(run, RunStatus.LOST, error=RUNNER_LOST_ERROR)
+        lost_runs.append(run.run_id)
     audit(lost, "runner-lost", "runner", runner.name, "lost")
+    alerts.runner_lost(runner, lost_runs)
     notify.runner_changed(runner.pk)

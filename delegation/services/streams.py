@@ -6,7 +6,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from delegation import depth as depthlib
-from delegation import notify
+from delegation import metrics, notify
 from delegation.errors import INVALID_PARAMS, NO_SUCH_RUN, NOT_OWNED, RpcError
 from delegation.models import (
     AuditEntry,
@@ -189,7 +189,10 @@ def append_events(conn: Connection, params: RunEventParams) -> dict:
                     for offset, row in enumerate(fresh)
                 ],
             )
-        return {"emitted": run.emitted, "sequence": run.last_sequence}
+        answer = {"emitted": run.emitted, "sequence": run.last_sequence}
+    if fresh:
+        metrics.events_stored(len(fresh))
+    return answer
 
 
 _EVENT_COLUMNS = (

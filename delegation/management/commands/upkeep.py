@@ -1,26 +1,40 @@
-"""Run lease expiry and runner-loss detection in a loop, outside the server processes."""
+"""Run lease expiry, runner-loss detection and webhook sending in a loop, outside the server
+processes (with ``UPKEEP_IN_PROCESS=false``)."""
 
-import time
+import asyncio
 
+from channels.db import database_sync_to_async
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from delegation import webhooks
 from delegation.services import sweep
 
 
 class Command(BaseCommand):
-    help = "Expire leases and mark lost runners, every MAINTENANCE_INTERVAL_SECONDS."
+    help = (
+        "Expire leases, mark lost runners and send due webhook deliveries, every "
+        "MAINTENANCE_INTERVAL_SECONDS."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="sweep once and exit")
 
     def handle(self, *args, once=False, **options):
-        while True:
-            report = sweep.sweep()
-            if report.expired_leases or report.lost_runners:
-                self.stdout.write(
-                    f"expired leases: {report.expired_leases}; lost runners: {report.lost_runners}"
-                )
-            if once:
-                return
-            time.sleep(settings.MAINTENANCE_INTERVAL_SECONDS)
+        asyncio.run(self._loop(once))
+
+    async def _loop(self, once: bool):
+        async with webhooks.make_client() as client:
+            while True:
+                report = await database_sync_to_async(sweep.sweep)()
+                if report.expired_leases or report.lost_runners:
+                    self.stdout.write(
+                        f"expired leases: {report.expired_leases}; "
+                        f"lost runners: {report.lost_runners}"
+                    )
+                outcomes = await webhooks.deliver_due(client)
+                if outcomes:
+                    self.stdout.write(f"webhook deliveries: {outcomes}")
+                if once:
+                    return
+                await asyncio.sleep(settings.MAINTENANCE_INTERVAL_SECONDS)

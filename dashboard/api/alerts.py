@@ -1,0 +1,292 @@
+"""Webhooks (SPEC §10 "Alerts"): configure, delete, test, and the delivery log. Admins only."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from django.http import Http404
+from ninja import Query, Router, Schema
+from pydantic import Field
+
+from dashboard.api.core import (
+    DEFAULT_LIMIT,
+    ApiError,
+    ErrorOut,
+    actor_for,
+    keyset_page,
+    strict_query,
+)
+from dashboard.api.runs import NoParams
+from dashboard.api.schemas import IdParam, LimitParam, cursor_param
+from delegation import roles
+from delegation.models import ALERT_KINDS, DeliveryState, Webhook, WebhookAttempt, WebhookDelivery
+from delegation.services import alerts
+from delegation.wire import Strict
+
+router = Router(tags=["alerts"])
+
+ADMIN_READ = {401: ErrorOut, 403: ErrorOut, 422: ErrorOut}
+ADMIN_ONE = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut}
+ADMIN_ACT = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut}
+
+SIGNATURE_DOC = (
+    'Each delivery is a JSON POST `{"id", "kind", "createdAt", "data"}` with '
+    "`X-Canopy-Signature: sha256=<hex HMAC-SHA256 of the raw body, keyed with the webhook's "
+    "secret>`, `X-Canopy-Delivery: <id>` and `X-Canopy-Event: <kind>`; it is retried with "
+    "exponential backoff until answered 2xx, or given up a day after it was stored."
+)
+
+AlertKind = Literal[ALERT_KINDS]  # type: ignore[valid-type]
+# What the service accepts, as exactly as a pattern can say it: https anywhere, or http to
+# loopback; no credentials, no spaces, a port below 10000 (the schema test generates from it).
+URL_PATTERN = (
+    r"^(https://[a-z0-9]([a-z0-9.-]{0,60}[a-z0-9])?"
+    r"|http://(127\.0\.0\.1|localhost|\[::1\]))(:[1-9][0-9]{0,3})?(/[!-~]{0,200})?$"
+)
+
+
+def require_admin_reader(request) -> None:
+    if not roles.can_admin(request.auth):
+        raise ApiError(
+            403,
+            "forbidden",
+            f"user {request.auth.get_username()!r} has role {roles.role_of(request.auth)}; "
+            "webhooks need admin",
+        )
+
+
+class WebhookBody(Strict):
+    """A new webhook. Omit `secret` to have one made; it is answered once, here."""
+
+    url: Annotated[str, Field(pattern=URL_PATTERN, max_length=2048)] = Field(
+        description="HTTPS, or plain HTTP to loopback only (127.0.0.1, ::1, localhost)"
+    )
+    kinds: Annotated[list[AlertKind], Field(min_length=1, max_length=16)] = Field(
+        description="Which alerts to send: " + ", ".join(ALERT_KINDS)
+    )
+    secret: Annotated[str, Field(pattern=r"^[!-~]{16,256}$")] = Field(
+        default=None, description="HMAC key, 16 to 256 printable ASCII characters"
+    )
+    active: bool = True
+    name: Annotated[str, Field(max_length=128, pattern=r"^[^\x00]*$")] = ""
+
+
+class WebhookItem(Schema):
+    id: int
+    name: str
+    url: str
+    kinds: list[str]
+    active: bool
+    createdAt: str  # noqa: N815
+    createdBy: str  # noqa: N815
+
+
+class WebhookCreated(WebhookItem):
+    secret: str = Field(description="The signing secret; not shown again")
+
+
+class WebhookPage(Schema):
+    items: list[WebhookItem]
+    next: str | None
+
+
+class AttemptItem(Schema):
+    number: int
+    startedAt: str  # noqa: N815
+    durationMs: int  # noqa: N815
+    statusCode: int | None  # noqa: N815
+    error: str
+
+
+class DeliveryItem(Schema):
+    id: int
+    deliveryId: str  # noqa: N815
+    webhook: int
+    kind: str
+    state: str = Field(description="pending, delivered or given-up")
+    attempts: list[AttemptItem]
+    createdAt: str  # noqa: N815
+    nextAttemptAt: str | None  # noqa: N815
+    deliveredAt: str | None  # noqa: N815
+    body: str = Field(description="The exact body sent (and signed)")
+
+
+class DeliveryPage(Schema):
+    items: list[DeliveryItem]
+    next: str | None
+
+
+def _iso(value):
+    return value.isoformat() if value is not None else None
+
+
+def webhook_item(hook: Webhook) -> dict:
+    return {
+        "id": hook.pk,
+        "name": hook.name,
+        "url": hook.url,
+        "kinds": list(hook.kinds),
+        "active": hook.active,
+        "createdAt": hook.created_at.isoformat(),
+        "createdBy": hook.created_by,
+    }
+
+
+def delivery_items(rows: list[WebhookDelivery]) -> list[dict]:
+    attempts: dict[int, list[dict]] = {}
+    for attempt in WebhookAttempt.objects.filter(delivery__in=[row.pk for row in rows]).order_by(
+        "delivery", "number"
+    ):
+        attempts.setdefault(attempt.delivery_id, []).append(
+            {
+                "number": attempt.number,
+                "startedAt": attempt.started_at.isoformat(),
+                "durationMs": attempt.duration_ms,
+                "statusCode": attempt.status_code,
+                "error": attempt.error,
+            }
+        )
+    return [
+        {
+            "id": row.pk,
+            "deliveryId": row.delivery_id,
+            "webhook": row.webhook_id,
+            "kind": row.kind,
+            "state": row.state,
+            "attempts": attempts.get(row.pk, []),
+            "createdAt": row.created_at.isoformat(),
+            "nextAttemptAt": _iso(row.next_attempt_at),
+            "deliveredAt": _iso(row.delivered_at),
+            "body": row.body,
+        }
+        for row in rows
+    ]
+
+
+def find_webhook(id: int) -> Webhook:  # noqa: A002
+    hook = Webhook.objects.filter(pk=id).first()
+    if hook is None:
+        raise Http404(f"id: no webhook {id}")
+    return hook
+
+
+class WebhookFilters(Schema):
+    cursor: cursor_param("w") = None
+    limit: LimitParam = DEFAULT_LIMIT
+
+
+@router.get(
+    "/webhooks",
+    response={200: WebhookPage, **ADMIN_READ},
+    summary="List webhooks, newest first (admin)",
+    description=SIGNATURE_DOC,
+)
+@strict_query(WebhookFilters)
+def list_webhooks(request, filters: Query[WebhookFilters]):
+    require_admin_reader(request)
+    rows = Webhook.objects.values("pk")
+    page = keyset_page(rows, "w", filters.cursor, filters.limit)
+    hooks = {
+        hook.pk: hook for hook in Webhook.objects.filter(pk__in=[r["pk"] for r in page["items"]])
+    }
+    return {"items": [webhook_item(hooks[r["pk"]]) for r in page["items"]], "next": page["next"]}
+
+
+@router.post(
+    "/webhooks",
+    response={201: WebhookCreated, **ADMIN_ACT},
+    summary="Create a webhook (admin, audited)",
+    description=SIGNATURE_DOC,
+)
+@strict_query(NoParams)
+def create_webhook(request, body: WebhookBody):
+    created = alerts.do_create_webhook(
+        actor_for(request),
+        url=body.url,
+        kinds=list(body.kinds),
+        secret=body.secret,
+        active=body.active,
+        name=body.name,
+    )
+    return 201, {**webhook_item(created.webhook), "secret": created.secret}
+
+
+@router.get(
+    "/webhooks/{id}",
+    response={200: WebhookItem, **ADMIN_ONE},
+    summary="One webhook (admin)",
+)
+@strict_query(NoParams)
+def get_webhook(request, id: IdParam):  # noqa: A002
+    require_admin_reader(request)
+    return webhook_item(find_webhook(id))
+
+
+@router.delete(
+    "/webhooks/{id}",
+    response={204: None, **ADMIN_ONE},
+    summary="Delete a webhook and its delivery log (admin, audited)",
+)
+@strict_query(NoParams)
+def delete_webhook(request, id: IdParam):  # noqa: A002
+    actor = actor_for(request)
+    hook = Webhook.objects.filter(pk=id).first()
+    if hook is None:
+        # An outsider learns nothing from a 404 they were not allowed to see.
+        alerts.require_admin(actor, "webhook-delete", str(id))
+        raise Http404(f"id: no webhook {id}")
+    alerts.do_delete_webhook(actor, hook)
+    return 204, None
+
+
+class TestQueued(Schema):
+    delivery: DeliveryItem
+
+
+@router.post(
+    "/webhooks/{id}/test",
+    response={202: TestQueued, **ADMIN_ACT},
+    summary="Queue a test delivery (admin, audited)",
+    description="Stores a delivery of kind `test` for this webhook (whatever its kinds); the "
+    "upkeep loop sends it within a sweep interval. Poll `/webhook-deliveries?webhook=ID` for "
+    "its attempts.",
+)
+@strict_query(NoParams)
+def test_webhook(request, id: IdParam):  # noqa: A002
+    actor = actor_for(request)
+    hook = Webhook.objects.filter(pk=id).first()
+    if hook is None:
+        alerts.require_admin(actor, "webhook-test", str(id))
+        raise Http404(f"id: no webhook {id}")
+    delivery = alerts.do_send_test(actor, hook)
+    return 202, {"delivery": delivery_items([delivery])[0]}
+
+
+class DeliveryFilters(Schema):
+    webhook: IdParam = Field(default=None, description="Only this webhook's deliveries")
+    state: Literal[tuple(DeliveryState.values)] = None  # type: ignore[valid-type]
+    kind: Literal[(*ALERT_KINDS, alerts.TEST_KIND)] = None  # type: ignore[valid-type]
+    cursor: cursor_param("d") = None
+    limit: LimitParam = DEFAULT_LIMIT
+
+
+@router.get(
+    "/webhook-deliveries",
+    response={200: DeliveryPage, **ADMIN_READ},
+    summary="List webhook deliveries with their attempts, newest first (admin)",
+    description=SIGNATURE_DOC,
+)
+@strict_query(DeliveryFilters)
+def list_deliveries(request, filters: Query[DeliveryFilters]):
+    require_admin_reader(request)
+    rows = WebhookDelivery.objects.all()
+    if filters.webhook is not None:
+        rows = rows.filter(webhook_id=filters.webhook)
+    if filters.state is not None:
+        rows = rows.filter(state=filters.state)
+    if filters.kind is not None:
+        rows = rows.filter(kind=filters.kind)
+    page = keyset_page(rows.values("pk"), "d", filters.cursor, filters.limit)
+    pks = [r["pk"] for r in page["items"]]
+    found = {row.pk: row for row in WebhookDelivery.objects.filter(pk__in=pks)}
+    return {"items": delivery_items([found[pk] for pk in pks]), "next": page["next"]}
