@@ -15,7 +15,10 @@ from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
 
-from tests.personas import api_token
+from delegation import roles
+from delegation.services import alerts
+from delegation.services.operator import Actor
+from tests.personas import api_token, make_person
 from tests.test_api_support import build_world
 
 MAX_EXAMPLES = 20
@@ -53,6 +56,13 @@ def operator_world(operator):
     everything, which every check accepts."""
     world = build_world()
     _current["token"] = api_token(operator)
+    # Webhooks are for admins: their operations are called with an admin's token, and
+    # half of them address a webhook that exists.
+    admin = make_person(roles.ADMIN)
+    _current["admin_token"] = api_token(admin)
+    world.webhook_pk = alerts.do_create_webhook(
+        Actor.for_user(admin, via="api"), url="https://hooks.example/x", kinds=["run-failed"]
+    ).webhook.pk
     _current["statuses"] = []
     yield world
     statuses = _current.pop("statuses")
@@ -66,6 +76,8 @@ class OperatorToken:
 
     def get(self, case, context):
         # Schemathesis also asks while collecting, before any test has made a token.
+        if "webhook" in case.operation.path:
+            return _current.get("admin_token", "collecting")
         return _current.get("token", "collecting")
 
     def set(self, case, data, context):
@@ -92,7 +104,8 @@ def aim_at_real_resources(case, world) -> None:
     current = (case.path_parameters or {}).get("id")
     # Only a schema-valid id is swapped for a real one: a negative case must stay negative.
     if type(current) is int and 1 <= current <= 2**63 - 1:
-        case.path_parameters["id"] = world.lease_pk
+        webhook = "webhook" in case.operation.path
+        case.path_parameters["id"] = world.webhook_pk if webhook else world.lease_pk
 
 
 @schema.parametrize()

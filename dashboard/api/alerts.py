@@ -1,11 +1,9 @@
 """Webhooks (SPEC §10 "Alerts"): configure, delete, test, and the delivery log. Admins only."""
 
-from __future__ import annotations
-
 from typing import Annotated, Literal
 
 from django.http import Http404
-from ninja import Query, Router, Schema
+from ninja import Query, Router, Schema, Status
 from pydantic import Field
 
 from dashboard.api.core import (
@@ -38,10 +36,12 @@ SIGNATURE_DOC = (
 
 AlertKind = Literal[ALERT_KINDS]  # type: ignore[valid-type]
 # What the service accepts, as exactly as a pattern can say it: https anywhere, or http to
-# loopback; no credentials, no spaces, a port below 10000 (the schema test generates from it).
+# loopback; no credentials, no spaces, a port from 1 to 65535 (the schema test generates
+# from this, so whatever it admits the service accepts).
+_PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
 URL_PATTERN = (
     r"^(https://[a-z0-9]([a-z0-9.-]{0,60}[a-z0-9])?"
-    r"|http://(127\.0\.0\.1|localhost|\[::1\]))(:[1-9][0-9]{0,3})?(/[!-~]{0,200})?$"
+    r"|http://(127\.0\.0\.1|localhost|\[::1\]))(:" + _PORT + r")?(/[!-~]{0,200})?$"
 )
 
 
@@ -208,7 +208,7 @@ def create_webhook(request, body: WebhookBody):
         active=body.active,
         name=body.name,
     )
-    return 201, {**webhook_item(created.webhook), "secret": created.secret}
+    return Status(201, {**webhook_item(created.webhook), "secret": created.secret})
 
 
 @router.get(
@@ -236,7 +236,7 @@ def delete_webhook(request, id: IdParam):  # noqa: A002
         alerts.require_admin(actor, "webhook-delete", str(id))
         raise Http404(f"id: no webhook {id}")
     alerts.do_delete_webhook(actor, hook)
-    return 204, None
+    return Status(204, None)
 
 
 class TestQueued(Schema):
@@ -259,7 +259,7 @@ def test_webhook(request, id: IdParam):  # noqa: A002
         alerts.require_admin(actor, "webhook-test", str(id))
         raise Http404(f"id: no webhook {id}")
     delivery = alerts.do_send_test(actor, hook)
-    return 202, {"delivery": delivery_items([delivery])[0]}
+    return Status(202, {"delivery": delivery_items([delivery])[0]})
 
 
 class DeliveryFilters(Schema):
