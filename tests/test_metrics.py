@@ -27,6 +27,14 @@ adb = database_sync_to_async
 daphne_factory = live_server.daphne_factory
 
 
+@pytest.fixture(autouse=True)
+async def close_worker_connections():
+    """The ORM in the worker threads holds connections; PostgreSQL cannot drop the test
+    database while they are open."""
+    yield
+    await adb(connections.close_all)()
+
+
 def parse(text: str) -> dict[tuple, float]:
     """Every sample as {(sample name, sorted labels): value}."""
     samples = {}
@@ -197,4 +205,3 @@ async def test_it_sums_counters_across_two_server_processes(daphne_factory, tmp_
     finally:
         for watcher in watchers:
             await watcher.close()
-    await adb(connections.close_all)()
