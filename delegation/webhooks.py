@@ -48,12 +48,15 @@ async def post(client: httpx.AsyncClient, job: alerts.Job) -> str:
     began = time.monotonic()
     status_code, error = None, ""
     try:
-        response = await client.post(job.url, content=body, headers=headers)
-        status_code = response.status_code
-        if not 200 <= status_code < 300:
-            error = f"HTTP {status_code}: {response.text[:200]}"
-    except httpx.HTTPError as exc:
-        error = f"{type(exc).__name__}: {exc}"[:500] or type(exc).__name__
+        # httpx's timeouts bound each read, not the whole exchange: a receiver dripping bytes
+        # could hold the POST for ever, and past the claim another process would send again.
+        async with asyncio.timeout(2 * settings.WEBHOOK_TIMEOUT_SECONDS):
+            async with client.stream("POST", job.url, content=body, headers=headers) as response:
+                status_code = response.status_code
+                if not 200 <= status_code < 300:
+                    error = f"HTTP {status_code}: {await _start_of(response)}"
+    except (httpx.HTTPError, TimeoutError) as exc:
+        error = f"{type(exc).__name__}: {exc}"[:500]
     duration_ms = int((time.monotonic() - began) * 1000)
     return await database_sync_to_async(alerts.record_attempt)(
         job.pk,
@@ -62,6 +65,16 @@ async def post(client: httpx.AsyncClient, job: alerts.Job) -> str:
         status_code=status_code,
         error=error,
     )
+
+
+async def _start_of(response: httpx.Response, limit: int = 200) -> str:
+    """The first bytes of an error answer, for the attempt log; never the whole body."""
+    start = b""
+    async for chunk in response.aiter_raw():
+        start += chunk
+        if len(start) >= limit:
+            break
+    return start[:limit].decode("utf-8", errors="replace")
 
 
 async def deliver_due(client: httpx.AsyncClient | None = None) -> list[str]:
