@@ -17,6 +17,7 @@ from datetime import timedelta
 
 import pytest
 from channels.db import database_sync_to_async
+from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 
@@ -382,3 +383,45 @@ def test_it_sends_from_a_real_servers_upkeep_loop(daphne_factory, admin):
                 break
             time.sleep(0.1)
         assert page["items"][0]["state"] == "delivered"
+
+
+def test_it_stores_nothing_when_the_change_that_caused_the_alert_rolls_back(admin):
+    make_hook(admin, "https://alerts.example/x", ["budget-warning"])
+    with pytest.raises(RuntimeError), transaction.atomic():
+        alerts.enqueue_alert("budget-warning", {"runId": "r1"})
+        assert len(deliveries()) == 1
+        raise RuntimeError("the budget write failed")
+    assert deliveries() == []
+    with pytest.raises(ValueError, match="kind: 'run-finished' is not an alert kind"):
+        alerts.enqueue_alert("run-finished", {})
+
+
+def test_it_changes_a_webhook_from_the_admin_keeping_its_secret_unless_given(admin):
+    hook = make_hook(admin, "https://alerts.example/x", ["run-failed"])
+    client = signed_in(admin)
+    changed = client.post(
+        f"/admin/delegation/webhook/{hook.pk}/change/",
+        {
+            "name": "renamed",
+            "url": "https://alerts.example/y",
+            "kinds": ["run-lost", "runner-lost"],
+        },
+        follow=True,
+    )
+    assert changed.status_code == 200
+    hook.refresh_from_db()
+    assert (hook.name, hook.url, hook.kinds, hook.active, hook.secret) == (
+        "renamed",
+        "https://alerts.example/y",
+        ["run-lost", "runner-lost"],
+        False,
+        SECRET,
+    )
+    client.post(
+        f"/admin/delegation/webhook/{hook.pk}/change/",
+        {"url": hook.url, "kinds": ["run-lost"], "active": "on", "new_secret": "x" * 20},
+    )
+    hook.refresh_from_db()
+    assert hook.secret == "x" * 20 and hook.active
+    entries = AuditEntry.objects.filter(action="webhook-update").order_by("pk")
+    assert [e.detail["secretRotated"] for e in entries] == [False, True]
