@@ -425,3 +425,19 @@ def test_it_changes_a_webhook_from_the_admin_keeping_its_secret_unless_given(adm
     assert hook.secret == "x" * 20 and hook.active
     entries = AuditEntry.objects.filter(action="webhook-update").order_by("pk")
     assert [e.detail["secretRotated"] for e in entries] == [False, True]
+
+
+def test_it_sends_from_the_separate_upkeep_command_too(admin):
+    """UPKEEP_IN_PROCESS=false deployments run ``manage.py upkeep`` instead of the loop."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    with Receiver() as receiver:
+        hook = make_hook(admin, receiver.url, ["run-failed"])
+        alerts.do_send_test(Actor.for_user(admin, via="api"), hook)
+        out = StringIO()
+        call_command("upkeep", "--once", stdout=out)
+        [request] = receiver.requests
+        assert json.loads(request.body)["kind"] == "test"
+    assert "webhook deliveries: ['delivered']" in out.getvalue()
