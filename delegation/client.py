@@ -337,6 +337,31 @@ class Result:
 
 
 @dataclass(frozen=True)
+class McpToken:
+    """A run token for Canopy's MCP server (SPEC §9 ``run.mcpToken``).
+
+    Hand ``token`` to the agent only inside its MCP configuration (a header), never on argv
+    or in a log: it acts as the run. ``repr`` leaves it out for that reason.
+    """
+
+    url: str
+    token: str = field(repr=False)
+    expires_at: str = ""
+
+    @classmethod
+    def from_wire(cls, data: Any) -> McpToken:
+        if not isinstance(data, Mapping):
+            raise RpcError(codes.INTERNAL_ERROR, "run.mcpToken answered a non-object")
+        url, token = data.get("url"), data.get("token")
+        if not isinstance(url, str) or not url:
+            raise RpcError(codes.INTERNAL_ERROR, "run.mcpToken answered without a 'url'")
+        if not isinstance(token, str) or not token:
+            raise RpcError(codes.INTERNAL_ERROR, "run.mcpToken answered without a 'token'")
+        expires = data.get("expiresAt")
+        return cls(url=url, token=token, expires_at=expires if isinstance(expires, str) else "")
+
+
+@dataclass(frozen=True)
 class SteerOutcome:
     outcome: str
     reason: str = ""
@@ -782,6 +807,11 @@ class RunnerClient:
         return await self.call(
             "tool.end", {"runId": run_id, "toolCallId": tool_call_id}, timeout=timeout
         )
+
+    async def mcp_token(self, run_id: str, timeout: float | None = None) -> McpToken:
+        """``run.mcpToken``: a token that lets an agent act as ``run_id`` on ``/mcp``."""
+        result = await self.call("run.mcpToken", {"runId": run_id}, timeout=timeout)
+        return McpToken.from_wire(result)
 
     # -- the five child methods --------------------------------------------------------
 
