@@ -43,10 +43,11 @@ from typing import Any
 
 from delegation import depth as depthlib
 from delegation import errors as codes
-from delegation.client import Preset, RpcError, event
+from delegation.client import ClientError, Preset, RpcError, event
 from delegation.protocol import SERVER_EVENT_KINDS
 from delegation.runner.formats import FORMATS, make_format
 from delegation.runner.host import Outcome, RunContext
+from delegation.runner.mcpconfig import McpConfigFile, McpProvider, as_token, run_token
 
 log = logging.getLogger("canopy.runner.command")
 
@@ -59,6 +60,7 @@ PLACEHOLDERS = (
     "depth",
     "cwd",
     "workspace",
+    "mcpConfig",
 )
 _PLACEHOLDER = re.compile("\\{(" + "|".join(PLACEHOLDERS) + ")\\}")
 # All an agent gets of the runner's environment: anything else (the runner's token,
@@ -87,6 +89,10 @@ class CommandPreset:
     sandbox: str | None = None  # "bwrap": private /proc, the workspace the only writable path
     read_only: tuple[str, ...] = ()  # more paths a sandboxed agent may read (an interpreter)
     user: str | None = None  # run the agent as this account (the runner must be root)
+
+    @property
+    def uses_mcp_config(self) -> bool:
+        return any("{mcpConfig}" in a for a in (*self.command, *self.env.values()))
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any]) -> CommandPreset:
@@ -257,7 +263,13 @@ def fit(ev: dict) -> dict:
 class CommandEngine:
     name = "command"
 
-    def __init__(self, presets: list[CommandPreset], workspace: str):
+    def __init__(
+        self,
+        presets: list[CommandPreset],
+        workspace: str,
+        *,
+        mcp: McpProvider | None = None,
+    ):
         if not presets:
             raise ValueError("the command engine needs at least one preset")
         names = [p.name for p in presets]
@@ -265,13 +277,14 @@ class CommandEngine:
             raise ValueError("duplicate preset names")
         self.presets_by_name = {p.name: p for p in presets}
         self.workspace = str(Path(workspace).resolve())
+        self.mcp = mcp or run_token
         # The host tears an execution down only after the longest SIGTERM grace has passed.
         self.cancel_grace = max(p.cancel_grace for p in presets) + 2.0
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], workspace: str | None = None):
+    def from_config(cls, config: Mapping[str, Any], workspace: str | None = None, **kwargs):
         presets = [CommandPreset.from_config(p) for p in config["presets"]]
-        return cls(presets, workspace or config.get("workspace") or os.getcwd())
+        return cls(presets, workspace or config.get("workspace") or os.getcwd(), **kwargs)
 
     def presets(self) -> list[Preset]:
         return [
@@ -292,11 +305,17 @@ class CommandEngine:
 
     # -- one child -----------------------------------------------------------------------
 
-    def environment(self, ctx: RunContext, preset: CommandPreset, cwd: str) -> dict[str, str]:
+    def environment(
+        self, ctx: RunContext, preset: CommandPreset, cwd: str, mcp_config: str = ""
+    ) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
         if preset.user:
             env["HOME"] = pwd.getpwnam(preset.user).pw_dir
-        env.update(preset.env)
+        # Placeholders in env values too: Gemini CLI finds its settings file through one.
+        values = self.placeholders(ctx, preset, cwd, mcp_config)
+        env.update(
+            {k: _PLACEHOLDER.sub(lambda m: values[m.group(1)], v) for k, v in preset.env.items()}
+        )
         env.update(
             {
                 "CANOPY_RUN_ID": ctx.run_id,
@@ -313,8 +332,10 @@ class CommandEngine:
         # Set last and explicitly: an inherited value would be the runner's level.
         return depthlib.child_env(ctx.depth, env)
 
-    def argv(self, ctx: RunContext, preset: CommandPreset, cwd: str) -> list[str]:
-        values = {
+    def placeholders(
+        self, ctx: RunContext, preset: CommandPreset, cwd: str, mcp_config: str = ""
+    ) -> dict[str, str]:
+        return {
             "message": ctx.message,
             "systemPrompt": (ctx.preset.system_prompt if ctx.preset else "")
             or preset.system_prompt,
@@ -324,30 +345,59 @@ class CommandEngine:
             "depth": str(ctx.depth),
             "cwd": cwd,
             "workspace": self.workspace,
+            "mcpConfig": mcp_config,
         }
+
+    def argv(
+        self, ctx: RunContext, preset: CommandPreset, cwd: str, mcp_config: str = ""
+    ) -> list[str]:
+        values = self.placeholders(ctx, preset, cwd, mcp_config)
         # One pass: a value is never scanned again, so "{cwd}" inside a message stays text.
         return [_PLACEHOLDER.sub(lambda m: values[m.group(1)], arg) for arg in preset.command]
 
-    def bwrap(self, preset: CommandPreset, cwd: str) -> list[str]:
+    def bwrap(self, preset: CommandPreset, cwd: str, private: str | None = None) -> list[str]:
         """The bubblewrap prefix: the system read-only, the workspace the one writable path,
-        a private /proc (no other process, the runner included, is visible), a fresh /tmp."""
+        a private /proc (no other process, the runner included, is visible), a fresh /tmp
+        (with the child's own MCP configuration directory, ``private``, read-only in it)."""
         out = ["bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--new-session"]
         for path in SANDBOX_SYSTEM + preset.read_only:
             out += ["--ro-bind-try", path, path]
         out += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        if private:
+            out += ["--ro-bind", private, private]
         out += ["--bind", self.workspace, self.workspace, "--chdir", cwd, "--"]
         return out
 
     async def run(self, ctx: RunContext) -> Outcome:
         preset = self.presets_by_name[ctx.preset.name if ctx.preset else ctx.profile]
         cwd = confine(self.workspace, ctx.cwd or preset.cwd)
-        argv = self.argv(ctx, preset, cwd)
+        config = None
+        if preset.uses_mcp_config:
+            try:
+                found = await self.mcp(ctx)
+            except (RpcError, ClientError) as exc:
+                return Outcome(error=f"{{mcpConfig}}: no run token from the server: {exc}")
+            if not found:
+                return Outcome(error="{mcpConfig}: no run token from the server")
+            config = McpConfigFile(as_token(found), ctx.depth, user=preset.user)
+            ctx.data["mcp_config"] = config.path
+        try:
+            return await self._run(ctx, preset, cwd, config)
+        finally:
+            if config is not None:
+                config.remove()
+
+    async def _run(
+        self, ctx: RunContext, preset: CommandPreset, cwd: str, config: McpConfigFile | None
+    ) -> Outcome:
+        mcp_path = config.path if config else ""
+        argv = self.argv(ctx, preset, cwd, mcp_path)
         if preset.sandbox == "bwrap":
-            argv = self.bwrap(preset, cwd) + argv
+            argv = self.bwrap(preset, cwd, config.directory if config else None) + argv
         process = await asyncio.create_subprocess_exec(
             *argv,
             cwd=cwd,
-            env=self.environment(ctx, preset, cwd),
+            env=self.environment(ctx, preset, cwd, mcp_path),
             user=preset.user,
             # A user switch must not keep root's supplementary groups.
             extra_groups=[] if preset.user else None,
