@@ -70,6 +70,10 @@ SANDBOXES = ("bwrap",)
 # What a bwrap sandbox sees of the machine, read-only: the system, not the runner's files.
 SANDBOX_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
 MAX_LINE = 1024 * 1024
+# Claude Code's ``--input-format stream-json``: the task is the first user record on stdin,
+# each steer another; stdin closes (and the agent exits) once every turn asked has ended.
+CONVERSATION = "claude-stream-json"
+STEER_FORMATS = ("text", "json", CONVERSATION)
 FIT_BYTES = 256 * 1024
 FIELD_BYTES = 32 * 1024
 STRING_FIELDS = ("text", "toolName", "toolCallId", "error")
@@ -84,7 +88,9 @@ class CommandPreset:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None  # default working directory, relative to the workspace
     cancel_grace: float = 5.0  # seconds between SIGTERM and SIGKILL
-    steer_format: str = "text"  # "text": the message on one line; "json": a JSON object line
+    # "text": the message on one line; "json": a JSON object line; "claude-stream-json": the
+    # task and each steer are user records of a Claude Code conversation on stdin (below).
+    steer_format: str = "text"
     format: str = "lines"  # how stdout is read: see delegation.runner.formats
     sandbox: str | None = None  # "bwrap": private /proc, the workspace the only writable path
     read_only: tuple[str, ...] = ()  # more paths a sandboxed agent may read (an interpreter)
@@ -131,8 +137,15 @@ class CommandPreset:
         ):
             raise ValueError(f"preset {name!r}: 'env' must map names to strings")
         steer_format = raw.get("steerFormat", "text")
-        if steer_format not in ("text", "json"):
-            raise ValueError(f"preset {name!r}: 'steerFormat' must be 'text' or 'json'")
+        if steer_format not in STEER_FORMATS:
+            raise ValueError(
+                f"preset {name!r}: 'steerFormat' must be one of {', '.join(STEER_FORMATS)}"
+            )
+        if steer_format == CONVERSATION and raw.get("format") != "claude-stream-json":
+            raise ValueError(
+                f"preset {name!r}: 'steerFormat' {CONVERSATION!r} needs "
+                "'format' 'claude-stream-json' (its result records end the turns)"
+            )
         output_format = raw.get("format", "lines")
         if output_format not in FORMATS:
             raise ValueError(f"preset {name!r}: 'format' must be one of {', '.join(FORMATS)}")
@@ -410,6 +423,12 @@ class CommandEngine:
         ctx.data["process"] = process
         ctx.data["pid"] = process.pid
         state = {"last_stderr": None, "format": make_format(preset.format)}
+        if preset.steer_format == CONVERSATION:
+            state.update(stdin=process.stdin, prompts=1, closed=False)
+            ctx.data["conversation"] = state
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
+                process.stdin.write(_user_record(ctx.message))
+                await process.stdin.drain()
         # One queue keeps stdout and stderr events in arrival order, and one sender batches
         # them: a chatty agent does not cost one round trip per line.
         queue: asyncio.Queue = asyncio.Queue()
@@ -471,6 +490,11 @@ class CommandEngine:
                 continue
             for ev in state["format"].feed(line):
                 queue.put_nowait(ev)
+            if "prompts" in state and not state["closed"]:
+                if state["format"].turns_ended >= state["prompts"]:
+                    # Every turn asked for has ended: end the conversation, so the agent exits.
+                    state["closed"] = True
+                    state["stdin"].close()
 
     async def _send(self, ctx: RunContext, queue: asyncio.Queue) -> None:
         done = False
@@ -499,6 +523,18 @@ class CommandEngine:
         if process is None or process.returncode is not None or process.stdin is None:
             return "promptRequired"
         preset = self.presets_by_name.get(ctx.preset.name if ctx.preset else ctx.profile)
+        conversation = ctx.data.get("conversation")
+        if conversation is not None:
+            if conversation["closed"]:
+                return "promptRequired"
+            # Counted before the write: the turn it asks for must keep stdin open.
+            conversation["prompts"] += 1
+            try:
+                process.stdin.write(_user_record(message))
+                await process.stdin.drain()
+            except (BrokenPipeError, ConnectionResetError, RuntimeError):
+                return "promptRequired"
+            return "injected"
         if preset is not None and preset.steer_format == "json":
             line = json.dumps({"type": "steer", "message": message}, ensure_ascii=False)
         else:
@@ -509,6 +545,15 @@ class CommandEngine:
         except (BrokenPipeError, ConnectionResetError, RuntimeError):
             return "promptRequired"
         return "injected"
+
+
+def _user_record(text: str) -> bytes:
+    """One user turn of Claude Code's ``--input-format stream-json``."""
+    record = {
+        "type": "user",
+        "message": {"role": "user", "content": [{"type": "text", "text": text}]},
+    }
+    return json.dumps(record, ensure_ascii=False).encode("utf-8") + b"\n"
 
 
 def _kill_group(pid: int, sig: int) -> None:

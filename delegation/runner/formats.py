@@ -147,6 +147,7 @@ class Format:
         self.failure: str | None = None  # the agent's own reason for failing
         self.last_text: str | None = None
         self.last_error: str | None = None
+        self.turns_ended = 0  # the agent's end-of-turn records seen (Claude Code's ``result``)
 
     def feed(self, line: str | bytes) -> list[dict]:
         if isinstance(line, bytes | bytearray):
@@ -264,6 +265,9 @@ class ClaudeStreamJson(Format):
         self.model = ""
         self.session_id = ""
         self.tool_names: dict[str, str] = {}
+        # ``total_cost_usd`` is the session's running total: a conversation fed through
+        # ``--input-format stream-json`` has one result per turn, each adding only its share.
+        self.cost_seen = 0.0
 
     @staticmethod
     def _call_id(own: str, parent: str | None) -> str:
@@ -401,12 +405,16 @@ class ClaudeStreamJson(Format):
         model_usage = data.get("modelUsage")
         if not model and isinstance(model_usage, Mapping) and len(model_usage) == 1:
             model = next(iter(model_usage))
+        self.turns_ended += 1
+        cost = data.get("total_cost_usd")
+        if isinstance(cost, int | float) and not isinstance(cost, bool) and math.isfinite(cost):
+            cost, self.cost_seen = max(cost - self.cost_seen, 0.0), max(cost, self.cost_seen)
         used = usage_event(
             usage.get("input_tokens", 0),
             usage.get("output_tokens", 0),
             cache_read=usage.get("cache_read_input_tokens"),
             cache_write=usage.get("cache_creation_input_tokens"),
-            cost_usd=data.get("total_cost_usd"),
+            cost_usd=cost,
             model=model,
         )
         if used is not None:
@@ -425,6 +433,7 @@ class ClaudeStreamJson(Format):
             self.failure = reason
             out.append(event("error", error=reason))
         else:
+            self.failure = None  # the last turn decides: a steer may have fixed a failed one
             self.result_text = text if isinstance(text, str) else ""
             out.append(event("result", self.result_text))
         return out
