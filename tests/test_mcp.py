@@ -4,6 +4,9 @@ live daphne, with a real runner (the SDK) on the runner socket of the same serve
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+from pathlib import Path
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -238,3 +241,109 @@ async def test_it_answers_a_waiting_read_as_soon_as_an_event_commits(live):
     assert [e["text"] for e in result.structured_content["events"]] == ["first"]
     assert answered_after < 1.5, answered_after
     assert progress[0][1] == 30
+
+
+def _server_db_connections(server) -> int:
+    """Database connections the server process holds right now."""
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid()"
+            )
+            return cursor.fetchone()[0]
+    # SQLite: every connection keeps the database file open in the process.
+    database = os.path.realpath(connection.settings_dict["NAME"])
+    fds = Path(f"/proc/{server.process.pid}/fd")
+    held = 0
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):
+            if os.path.realpath(fd) == database:
+                held += 1
+    return held
+
+
+def _rss_kib(server) -> int:
+    status = Path(f"/proc/{server.process.pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
+
+
+async def test_it_holds_no_database_connection_for_50_waiting_reads(daphne_factory, runner_token):  # noqa: F811
+    # CONN_MAX_AGE=0: a connection is closed when the call that used it ends, so whatever the
+    # server holds while the reads wait is held by the waiting itself.
+    server = daphne_factory(CONN_MAX_AGE="0", UPKEEP_IN_PROCESS="false")
+    async with LiveRunner(server, runner_token) as live:
+        await live.open("root-1")
+        issued = await live.run_token("root-1")
+        async with mcp_session(issued["url"], issued["token"]) as mcp:
+            child = await mcp.call_tool("delegate", {"profile": "worker", "message": "x"})
+            child_id = child.structured_content["conversationId"]
+            run_id = child.structured_content["runId"]
+            await live.wait_command("child.execute", run_id)
+            await asyncio.sleep(0.5)
+            rss_before = _rss_kib(server)
+            waiting: set[int] = set()
+
+            def progress_of(index):
+                async def on_progress(value, total, message):
+                    waiting.add(index)
+
+                return on_progress
+
+            reads = [
+                asyncio.ensure_future(
+                    mcp.call_tool(
+                        "read_child",
+                        {"childId": child_id, "waitSeconds": 40},
+                        progress_callback=progress_of(index),
+                    )
+                )
+                for index in range(50)
+            ]
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 30
+            while len(waiting) < 50 and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+            assert len(waiting) == 50, f"only {len(waiting)} reads are waiting"
+            held = []
+            for _ in range(5):
+                held.append(await sync_to_async(_server_db_connections)(server))
+                await asyncio.sleep(0.2)
+            rss_waiting = _rss_kib(server)
+            assert not any(r.done() for r in reads)
+            await live.client.emit(run_id, {"kind": "text", "text": "wake"})
+            results = await asyncio.wait_for(asyncio.gather(*reads), 20)
+    print(
+        f"\n50 waiting read_child: server RSS {rss_before} KiB before, {rss_waiting} KiB "
+        f"while waiting (+{rss_waiting - rss_before} KiB); DB connections held: {held}"
+    )
+    # At most a momentary re-read (a lost-doorbell check), never one per waiting call.
+    assert max(held) <= 1, held
+    assert all([e["text"] for e in r.structured_content["events"]] == ["wake"] for r in results)
+
+
+async def test_it_waits_for_a_delegated_child_to_finish(live):
+    await live.open("root-1")
+    issued = await live.run_token("root-1")
+
+    async def finish_child():
+        for _ in range(500):
+            execute = [p for m, p in live.commands if m == "child.execute"]
+            if execute:
+                run_id = execute[0]["identity"]["runId"]
+                await asyncio.sleep(0.3)
+                await live.client.emit(run_id, {"kind": "result", "text": "42"})
+                await live.client.finish(run_id, output="42")
+                return
+            await asyncio.sleep(0.02)
+
+    finisher = asyncio.ensure_future(finish_child())
+    async with mcp_session(issued["url"], issued["token"]) as mcp:
+        answer = await mcp.call_tool(
+            "delegate", {"profile": "worker", "message": "the answer", "waitSeconds": 20}
+        )
+    await finisher
+    result = answer.structured_content
+    assert (result["done"], result["status"], result["output"]) == (True, "succeeded", "42")
