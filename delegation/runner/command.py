@@ -424,7 +424,7 @@ class CommandEngine:
         ctx.data["pid"] = process.pid
         state = {"last_stderr": None, "format": make_format(preset.format)}
         if preset.steer_format == CONVERSATION:
-            state.update(stdin=process.stdin, prompts=1, closed=False)
+            state.update(stdin=process.stdin, prompts=1, closed=False, turns=0)
             ctx.data["conversation"] = state
             with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
                 process.stdin.write(_user_record(ctx.message))
@@ -491,10 +491,26 @@ class CommandEngine:
             for ev in state["format"].feed(line):
                 queue.put_nowait(ev)
             if "prompts" in state and not state["closed"]:
-                if state["format"].turns_ended >= state["prompts"]:
-                    # Every turn asked for has ended: end the conversation, so the agent exits.
-                    state["closed"] = True
-                    state["stdin"].close()
+                self._maybe_end_conversation(state)
+
+    @staticmethod
+    def _maybe_end_conversation(state: dict) -> None:
+        """After a turn's result, close stdin (so Claude Code exits) unless a prompt it has not
+        taken yet is waiting: that one starts another turn.
+
+        Claude Code folds a message that arrives during a tool call into the running turn and
+        turns one that arrives between model calls into a turn of its own; with
+        ``--replay-user-messages`` it echoes each message as it takes it, which tells the two
+        apart. Without the echo, one turn per prompt is assumed.
+        """
+        fmt = state["format"]
+        if fmt.turns_ended == state["turns"]:
+            return
+        state["turns"] = fmt.turns_ended
+        taken = fmt.prompts_seen if fmt.prompts_seen else fmt.turns_ended
+        if taken >= state["prompts"]:
+            state["closed"] = True
+            state["stdin"].close()
 
     async def _send(self, ctx: RunContext, queue: asyncio.Queue) -> None:
         done = False

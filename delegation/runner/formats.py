@@ -268,6 +268,9 @@ class ClaudeStreamJson(Format):
         # ``total_cost_usd`` is the session's running total: a conversation fed through
         # ``--input-format stream-json`` has one result per turn, each adding only its share.
         self.cost_seen = 0.0
+        # User messages Claude Code took from stdin (``--replay-user-messages`` echoes each
+        # one as it consumes it): the runner's count of prompts the agent has seen.
+        self.prompts_seen = 0
 
     @staticmethod
     def _call_id(own: str, parent: str | None) -> str:
@@ -283,6 +286,9 @@ class ClaudeStreamJson(Format):
         if kind == "assistant":
             return self._assistant(data["message"], parent)
         if kind == "user":
+            if data.get("isReplay"):
+                self.prompts_seen += 1
+                return []  # the task and steers are already on the run (its message, steers)
             return self._user(data["message"], parent)
         if kind == "result":
             return self._result(data)
