@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from pathlib import Path
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -173,3 +174,28 @@ def _group_alive(pgid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_it_points_make_run_at_a_presets_file(tmp_path):
+    from delegation.management.commands.demo import runner_command
+
+    opts = {"host": "127.0.0.1", "port": 8123, "presets": "agents.json", "engine": "acp"}
+    cmd = runner_command({**opts, "root": ["-fix the parser"], "root_profile": "claude"}, 7)
+    assert cmd[cmd.index("--engine") + 1] == "acp"
+    assert cmd[cmd.index("--config") + 1] == os.path.abspath("agents.json")
+    assert "--root=-fix the parser" in cmd and "--demo" not in cmd
+    assert cmd[cmd.index("--root-profile") + 1] == "claude"
+    scripted = runner_command({**opts, "presets": None, "interval": 5, "max_live": 6}, 7)
+    assert "--demo" in scripted and scripted[scripted.index("--engine") + 1] == "scripted"
+    # The Makefile passes the variables through (dry run: nothing is executed).
+    made = __import__("subprocess").run(
+        ["make", "-n", "run", "PRESETS=agents.json", "ROOT=fix it", "PROFILE=claude"],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    joined = made.stdout.replace("\\\n", " ")
+    line = next(x for x in joined.splitlines() if "manage.py demo" in x)
+    assert "--presets 'agents.json'" in line and "'--root=fix it'" in line
+    assert "--root-profile 'claude'" in line
