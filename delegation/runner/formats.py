@@ -294,7 +294,28 @@ class ClaudeStreamJson(Format):
             return self._result(data)
         if kind == "stream_event":
             return self._stream_event(data.get("event") or {}, parent)
+        if kind == "tool_progress":
+            return self._progress(data, parent)
         return None
+
+    def _progress(self, data: dict, parent: str | None) -> list[dict]:
+        """A long tool call's heartbeat, as an update of that call."""
+        own = str(data["tool_use_id"])
+        # Claude Code numbers its heartbeats "<call id>-heartbeat-<n>".
+        base = own.rsplit("-heartbeat-", 1)[0]
+        if base in self.tool_names:
+            own = base
+        seconds = data.get("elapsed_time_seconds")
+        text = f"running for {seconds:g} s" if isinstance(seconds, int | float) else "running"
+        name = data.get("tool_name") or self.tool_names.get(own)
+        return [
+            event(
+                "tool-update",
+                text,
+                tool_name=str(name) if name else None,
+                tool_call_id=self._call_id(own, parent),
+            )
+        ]
 
     def _system(self, data: dict) -> list[dict]:
         subtype = data.get("subtype") or ""
