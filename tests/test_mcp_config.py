@@ -98,6 +98,9 @@ async def test_it_writes_a_private_mcp_config_per_child_and_removes_it_at_the_en
         assert report["tokenOnArgv"] is False and report["tokenInEnv"] is False
         assert report["settingsEnv"] == report["path"]  # {mcpConfig} in an env value
         assert os.path.exists(report["path"])
+        # Printed by the agent itself, the token still reaches no event.
+        said = [e.error or e.text for e in running.events if e.kind in ("error", "text")]
+        assert said == ["debug: my MCP header is Bearer [run token]"] * 2
 
         steered = await c.child_steer("root-run", ext, gen, child.child_id, "finish")
         assert steered.injected

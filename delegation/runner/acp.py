@@ -515,6 +515,7 @@ class AcpEngine:
         if not found:
             return []
         token = mcpconfig.as_token(found)
+        ctx.data["run_token"] = token.token
         headers = [
             HttpHeader(name=k, value=v) for k, v in mcpconfig.headers(token, ctx.depth).items()
         ]
@@ -545,7 +546,7 @@ class AcpEngine:
         ctx.data["acp_session"] = session
         stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL)
         sender = asyncio.create_task(self._send(ctx, queue))
-        stderr = asyncio.create_task(self._stderr(process, stderr_tail))
+        stderr = asyncio.create_task(self._stderr(process, stderr_tail, ctx))
         ticker = asyncio.create_task(self._tick(session))
         conn = ClientSideConnection(session, process.stdin, process.stdout)
         try:
@@ -720,7 +721,7 @@ class AcpEngine:
             await asyncio.sleep(CHUNK_MAX_AGE / 2)
             session.flush_stale()
 
-    async def _stderr(self, process, tail: deque) -> None:
+    async def _stderr(self, process, tail: deque, ctx: RunContext) -> None:
         while True:
             try:
                 raw = await process.stderr.readline()
@@ -728,7 +729,9 @@ class AcpEngine:
                 continue
             if not raw:
                 return
-            line = raw.decode("utf-8", errors="replace").rstrip()
+            line = mcpconfig.redact(
+                raw.decode("utf-8", errors="replace").rstrip(), ctx.data.get("run_token")
+            )
             if line:
                 tail.append(line)
                 log.debug("acp agent %s: %s", process.pid, line)

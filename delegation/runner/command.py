@@ -47,7 +47,13 @@ from delegation.client import ClientError, Preset, RpcError, event
 from delegation.protocol import SERVER_EVENT_KINDS
 from delegation.runner.formats import FORMATS, make_format
 from delegation.runner.host import Outcome, RunContext
-from delegation.runner.mcpconfig import McpConfigFile, McpProvider, as_token, run_token
+from delegation.runner.mcpconfig import (
+    McpConfigFile,
+    McpProvider,
+    as_token,
+    redact,
+    run_token,
+)
 
 log = logging.getLogger("canopy.runner.command")
 
@@ -392,8 +398,10 @@ class CommandEngine:
                 return Outcome(error=f"{{mcpConfig}}: no run token from the server: {exc}")
             if not found:
                 return Outcome(error="{mcpConfig}: no run token from the server")
-            config = McpConfigFile(as_token(found), ctx.depth, user=preset.user)
+            token = as_token(found)
+            config = McpConfigFile(token, ctx.depth, user=preset.user)
             ctx.data["mcp_config"] = config.path
+            ctx.data["run_token"] = token.token
         try:
             return await self._run(ctx, preset, cwd, config)
         finally:
@@ -422,7 +430,11 @@ class CommandEngine:
         )
         ctx.data["process"] = process
         ctx.data["pid"] = process.pid
-        state = {"last_stderr": None, "format": make_format(preset.format)}
+        state = {
+            "last_stderr": None,
+            "format": make_format(preset.format),
+            "secret": ctx.data.get("run_token"),
+        }
         if preset.steer_format == CONVERSATION:
             state.update(stdin=process.stdin, prompts=1, closed=False, turns=0)
             ctx.data["conversation"] = state
@@ -482,7 +494,7 @@ class CommandEngine:
                     for ev in state["format"].flush():
                         queue.put_nowait(ev)
                 return
-            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            line = redact(raw.decode("utf-8", errors="replace").rstrip("\r\n"), state["secret"])
             if which == "stderr":
                 if line.strip():
                     state["last_stderr"] = line

@@ -38,6 +38,14 @@ def as_token(found: McpToken | Mapping[str, str]) -> McpToken:
     return McpToken(url=found["url"], token=found["token"], expires_at=found.get("expiresAt", ""))
 
 
+def redact(text: str, secret: str | None) -> str:
+    """``text`` with the run token replaced: an agent that prints its own MCP configuration
+    (a debug mode, a crash dump) must not put the token into an event or the runner's log."""
+    if secret and secret in text:
+        return text.replace(secret, "[run token]")
+    return text
+
+
 def headers(token: McpToken, level: int) -> dict[str, str]:
     return {"Authorization": f"Bearer {token.token}", depthlib.HEADER: str(level)}
 

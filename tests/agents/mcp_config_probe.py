@@ -17,6 +17,9 @@ with open(path, encoding="utf-8") as fh:
     config = json.load(fh)
 server = config["mcpServers"]["canopy"]
 auth = server["headers"].pop("Authorization")
+# What a careless agent might do (a debug mode): print its own configuration.
+print(f"debug: my MCP header is {auth}", file=sys.stderr, flush=True)
+print(f"debug: my MCP header is {auth}", flush=True)
 report = {
     "path": path,
     "mode": oct(stat.S_IMODE(os.stat(path).st_mode)),
