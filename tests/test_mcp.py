@@ -8,9 +8,11 @@ import contextlib
 import os
 from pathlib import Path
 
+import httpx2
 import pytest
 from asgiref.sync import sync_to_async
 
+from delegation import selectors
 from delegation.errors import DEPTH_LIMIT, NOT_OWNED
 from delegation.models import Event, Run, RunVia
 from delegation.services import tokens
@@ -89,6 +91,22 @@ async def test_it_delegates_a_child_one_level_down_dispatched_to_the_runner(live
     assert repeat.structured_content["runId"] == again.structured_content["runId"]
     count = await sync_to_async(Run.objects.filter(request_id="same").count)()
     assert count == 1
+
+
+async def test_it_marks_mcp_children_via_mcp_in_rest_and_the_tree(live, operator_token):
+    await live.open("root-1")
+    issued = await live.run_token("root-1")
+    async with mcp_session(issued["url"], issued["token"]) as mcp:
+        answer = await mcp.call_tool("delegate", {"profile": "worker", "message": "x"})
+    run_id = answer.structured_content["runId"]
+    auth = {"Authorization": f"Bearer {operator_token}"}
+    async with httpx2.AsyncClient(base_url=live.server.http_url, headers=auth) as http:
+        detail = (await http.get(f"/api/runs/{run_id}")).json()
+        rows = (await http.get("/api/runs", params={"root": "root-1"})).json()["items"]
+    assert detail["via"] == "mcp"
+    assert {row["runId"]: row["via"] for row in rows} == {"root-1": "runner", run_id: "mcp"}
+    tree = await sync_to_async(lambda: selectors.tree_rows(Run.objects.get(run_id="root-1")))()
+    assert {row["runId"]: row["via"] for row in tree} == {"root-1": "runner", run_id: "mcp"}
 
 
 async def test_it_refuses_at_max_depth_with_the_code_and_the_event(daphne_factory, runner_token):  # noqa: F811

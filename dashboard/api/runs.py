@@ -178,6 +178,7 @@ def get_run(request, runId: str):  # noqa: N803
         ),
         lastSequence=run.last_sequence,
         refusedSpawns=run.refused_spawns,
+        via=run.via,
         cancelRequestedAt=run.cancel_requested_at,
         cancelReason=run.cancel_reason,
         createdAt=run.created_at,

@@ -208,6 +208,10 @@ class RunItem(Schema):
     leaseId: str = Field(description='The lease it was started under, "" if none')
     lastSequence: int = Field(description="Head of its event stream (= number of events)")
     refusedSpawns: int
+    via: str = Field(
+        description="How the run was started: runner (run.open / child.start), mcp (an agent's "
+        "delegate tool call) or launch (an operator)"
+    )
     cancelRequestedAt: datetime | None
     createdAt: datetime
     updatedAt: datetime
@@ -273,6 +277,10 @@ class RunDetail(Schema):
     lease: LeaseRef | None = Field(description="The lease this run was started under")
     lastSequence: int
     refusedSpawns: int
+    via: str = Field(
+        description="How the run was started: runner (run.open / child.start), mcp (an agent's "
+        "delegate tool call) or launch (an operator)"
+    )
     cancelRequestedAt: datetime | None
     cancelReason: str
     createdAt: datetime
