@@ -21,7 +21,8 @@ What the client takes care of:
   connection (up to its timeout), and a call whose answer was lost is sent again. Every runner
   method is idempotent on the server (replayed events are skipped, ``child.start`` and
   ``child.steer`` are keyed by ``requestId``), which is what makes resending safe;
-- server commands (``child.execute``, ``run.cancel``, ``run.steer``, ``lease.revoked``) are
+- server commands (``child.execute``, ``run.execute``, ``run.cancel``, ``run.steer``,
+  ``lease.revoked``) are
   dispatched to the handlers the host registers with :meth:`RunnerClient.on`; a command the
   server redelivers after a reconnect is answered from the stored answer, not run twice.
 
@@ -400,7 +401,11 @@ class Identity:
 
 @dataclass(frozen=True)
 class ExecuteCommand:
-    """A ``child.execute`` command: run this child at ``depth`` with the frozen preset."""
+    """A ``child.execute`` command: run this child at ``depth`` with the frozen preset.
+
+    ``run.execute`` (a top-level run an operator launched, depth 0) has the same params and
+    parses into the same command: handle both with one handler.
+    """
 
     identity: Identity
     request: Mapping[str, Any]

@@ -8,9 +8,11 @@ import contextlib
 import os
 from pathlib import Path
 
+import httpx2
 import pytest
 from asgiref.sync import sync_to_async
 
+from delegation import selectors
 from delegation.errors import DEPTH_LIMIT, NOT_OWNED
 from delegation.models import Event, Run, RunVia
 from delegation.services import tokens
@@ -89,6 +91,22 @@ async def test_it_delegates_a_child_one_level_down_dispatched_to_the_runner(live
     assert repeat.structured_content["runId"] == again.structured_content["runId"]
     count = await sync_to_async(Run.objects.filter(request_id="same").count)()
     assert count == 1
+
+
+async def test_it_marks_mcp_children_via_mcp_in_rest_and_the_tree(live, operator_token):
+    await live.open("root-1")
+    issued = await live.run_token("root-1")
+    async with mcp_session(issued["url"], issued["token"]) as mcp:
+        answer = await mcp.call_tool("delegate", {"profile": "worker", "message": "x"})
+    run_id = answer.structured_content["runId"]
+    auth = {"Authorization": f"Bearer {operator_token}"}
+    async with httpx2.AsyncClient(base_url=live.server.http_url, headers=auth) as http:
+        detail = (await http.get(f"/api/runs/{run_id}")).json()
+        rows = (await http.get("/api/runs", params={"root": "root-1"})).json()["items"]
+    assert detail["via"] == "mcp"
+    assert {row["runId"]: row["via"] for row in rows} == {"root-1": "runner", run_id: "mcp"}
+    tree = await sync_to_async(lambda: selectors.tree_rows(Run.objects.get(run_id="root-1")))()
+    assert {row["runId"]: row["via"] for row in tree} == {"root-1": "runner", run_id: "mcp"}
 
 
 async def test_it_refuses_at_max_depth_with_the_code_and_the_event(daphne_factory, runner_token):  # noqa: F811
@@ -244,25 +262,30 @@ async def test_it_answers_a_waiting_read_as_soon_as_an_event_commits(live):
 
 
 def _server_db_connections(server) -> int:
-    """Database connections the server process holds right now."""
+    """Database connections the daphne process itself holds right now."""
     from django.db import connection
 
+    pid = server.process.pid
+    fds = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            fds.append(os.readlink(fd))
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND pid <> pg_backend_pid()"
-            )
-            return cursor.fetchone()[0]
+        # Its TCP sockets whose far end is the PostgreSQL port.
+        port = int(connection.settings_dict.get("PORT") or 5432)
+        inodes = {link[len("socket:[") : -1] for link in fds if link.startswith("socket:[")}
+        held = 0
+        for table in ("tcp", "tcp6"):
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+            for line in lines:
+                fields = line.split()
+                remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+                if fields[9] in inodes and remote_port == port and fields[3] == "01":
+                    held += 1
+        return held
     # SQLite: every connection keeps the database file open in the process.
     database = os.path.realpath(connection.settings_dict["NAME"])
-    fds = Path(f"/proc/{server.process.pid}/fd")
-    held = 0
-    for fd in fds.iterdir():
-        with contextlib.suppress(OSError):
-            if os.path.realpath(fd) == database:
-                held += 1
-    return held
+    return sum(1 for link in fds if link == database)
 
 
 def _rss_kib(server) -> int:
@@ -283,6 +306,7 @@ async def test_it_holds_no_database_connection_for_50_waiting_reads(daphne_facto
             run_id = child.structured_content["runId"]
             await live.wait_command("child.execute", run_id)
             await asyncio.sleep(0.5)
+            idle = await sync_to_async(_server_db_connections)(server)
             rss_before = _rss_kib(server)
             waiting: set[int] = set()
 
@@ -317,7 +341,8 @@ async def test_it_holds_no_database_connection_for_50_waiting_reads(daphne_facto
             results = await asyncio.wait_for(asyncio.gather(*reads), 20)
     print(
         f"\n50 waiting read_child: server RSS {rss_before} KiB before, {rss_waiting} KiB "
-        f"while waiting (+{rss_waiting - rss_before} KiB); DB connections held: {held}"
+        f"while waiting (+{rss_waiting - rss_before} KiB); DB connections held: idle {idle}, "
+        f"waiting {held}"
     )
     # At most a momentary re-read (a lost-doorbell check), never one per waiting call.
     assert max(held) <= 1, held
