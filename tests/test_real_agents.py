@@ -5,6 +5,7 @@ with a real daphne server and the reference runner host."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from pathlib import Path
@@ -13,8 +14,10 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
 
+from delegation.client import McpToken
 from delegation.runner.command import CommandEngine, CommandPreset, load_config
 from delegation.runner.host import RunnerHost
+from delegation.runner.mcpconfig import McpConfigFile
 from delegation.services import tokens
 from tests import live_server
 from tests.agents.model_stub import ModelStub, Text
@@ -49,7 +52,7 @@ def pid_alive(pid: int) -> bool:
 def test_it_loads_every_readme_preset_with_the_runners_own_loader(tmp_path):
     config = readme_presets()
     path = tmp_path / "agents.json"
-    path.write_text(__import__("json").dumps(config))
+    path.write_text(json.dumps(config))
     engine = CommandEngine.from_config(load_config(path))
     presets = engine.presets_by_name
     assert sorted(presets) == ["claude", "codex", "gemini"]
@@ -63,8 +66,29 @@ def test_it_loads_every_readme_preset_with_the_runners_own_loader(tmp_path):
     assert codex.format == "codex-json" and codex.command[:3] == ["codex", "exec", "--json"]
     assert gemini.format == "gemini-stream-json"
     assert gemini.env["GEMINI_CLI_SYSTEM_SETTINGS_PATH"] == "{mcpConfig}"
+    assert gemini.mcp_config_shape == "gemini" and claude.mcp_config_shape == "claude"
     # No preset puts anything but the placeholder where the token would go.
     assert "Bearer" not in path.read_text()
+
+
+def test_it_writes_each_agents_shape_of_the_mcp_server_entry():
+    token = McpToken(url="http://canopy.test/mcp", token="cnt_x")
+    headers = {"Authorization": "Bearer cnt_x", "X-Pando-Delegation-Depth": "3"}
+    files = {shape: McpConfigFile(token, 3, shape=shape) for shape in ("claude", "gemini")}
+    try:
+        written = {s: json.loads(Path(f.path).read_text()) for s, f in files.items()}
+    finally:
+        for f in files.values():
+            f.remove()
+    assert written["claude"] == {
+        "mcpServers": {"canopy": {"type": "http", "url": token.url, "headers": headers}}
+    }
+    assert written["gemini"] == {
+        "mcpServers": {"canopy": {"httpUrl": token.url, "headers": headers}}
+    }
+    assert not any(Path(f.directory).exists() for f in files.values())
+    with pytest.raises(ValueError, match="'mcpConfigShape' must be one of claude, gemini"):
+        CommandPreset.from_config({"name": "x", "command": ["true"], "mcpConfigShape": "toml"})
 
 
 def test_it_refuses_a_claude_conversation_steer_without_its_format():

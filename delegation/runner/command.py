@@ -48,6 +48,7 @@ from delegation.protocol import SERVER_EVENT_KINDS
 from delegation.runner.formats import FORMATS, make_format
 from delegation.runner.host import Outcome, RunContext
 from delegation.runner.mcpconfig import (
+    SHAPES,
     McpConfigFile,
     McpProvider,
     as_token,
@@ -101,6 +102,7 @@ class CommandPreset:
     sandbox: str | None = None  # "bwrap": private /proc, the workspace the only writable path
     read_only: tuple[str, ...] = ()  # more paths a sandboxed agent may read (an interpreter)
     user: str | None = None  # run the agent as this account (the runner must be root)
+    mcp_config_shape: str = "claude"  # how {mcpConfig} names the server: see mcpconfig.SHAPES
 
     @property
     def uses_mcp_config(self) -> bool:
@@ -121,6 +123,7 @@ class CommandPreset:
             "sandbox",
             "readOnly",
             "user",
+            "mcpConfigShape",
         }
         unknown = set(raw) - known
         if unknown:
@@ -158,6 +161,11 @@ class CommandPreset:
         grace = raw.get("cancelGraceSeconds", 5.0)
         if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
             raise ValueError(f"preset {name!r}: 'cancelGraceSeconds' must be a number >= 0")
+        shape = raw.get("mcpConfigShape", "claude")
+        if shape not in SHAPES:
+            raise ValueError(
+                f"preset {name!r}: 'mcpConfigShape' must be one of {', '.join(SHAPES)}"
+            )
         sandbox = raw.get("sandbox")
         if sandbox is not None and sandbox not in SANDBOXES:
             raise ValueError(f"preset {name!r}: 'sandbox' must be one of {', '.join(SANDBOXES)}")
@@ -187,6 +195,7 @@ class CommandPreset:
             cancel_grace=float(grace),
             steer_format=steer_format,
             format=output_format,
+            mcp_config_shape=shape,
         )
 
 
@@ -399,7 +408,9 @@ class CommandEngine:
             if not found:
                 return Outcome(error="{mcpConfig}: no run token from the server")
             token = as_token(found)
-            config = McpConfigFile(token, ctx.depth, user=preset.user)
+            config = McpConfigFile(
+                token, ctx.depth, user=preset.user, shape=preset.mcp_config_shape
+            )
             ctx.data["mcp_config"] = config.path
             ctx.data["run_token"] = token.token
         try:

@@ -50,14 +50,19 @@ def headers(token: McpToken, level: int) -> dict[str, str]:
     return {"Authorization": f"Bearer {token.token}", depthlib.HEADER: str(level)}
 
 
-def servers_config(token: McpToken, level: int) -> dict:
-    """The ``{"mcpServers": ...}`` document Claude Code's ``--mcp-config`` (and Gemini CLI's
-    settings) read: Canopy's server over streamable HTTP, as this child at ``level``."""
-    return {
-        "mcpServers": {
-            SERVER_NAME: {"type": "http", "url": token.url, "headers": headers(token, level)}
-        }
-    }
+# How each CLI names a streamable-HTTP server in its ``mcpServers``: Claude Code reads
+# ``type: http`` + ``url``; Gemini CLI reads ``httpUrl`` (its ``url`` means SSE).
+SHAPES = ("claude", "gemini")
+
+
+def servers_config(token: McpToken, level: int, shape: str = "claude") -> dict:
+    """The ``{"mcpServers": ...}`` document the agent reads: Canopy's server over streamable
+    HTTP, as this child at ``level``."""
+    if shape == "gemini":
+        entry = {"httpUrl": token.url, "headers": headers(token, level)}
+    else:
+        entry = {"type": "http", "url": token.url, "headers": headers(token, level)}
+    return {"mcpServers": {SERVER_NAME: entry}}
 
 
 class McpConfigFile:
@@ -67,11 +72,13 @@ class McpConfigFile:
     that account, so the agent can read them and no one else but root can.
     """
 
-    def __init__(self, token: McpToken, level: int, *, user: str | None = None):
+    def __init__(
+        self, token: McpToken, level: int, *, user: str | None = None, shape: str = "claude"
+    ):
         self.directory = tempfile.mkdtemp(prefix="canopy-mcp-")  # mode 0700
         self.path = os.path.join(self.directory, FILE_NAME)
         try:
-            body = json.dumps(servers_config(token, level), indent=2).encode("utf-8")
+            body = json.dumps(servers_config(token, level, shape), indent=2).encode("utf-8")
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(body)
