@@ -43,10 +43,13 @@ KEYED := SECRET_KEY="$${SECRET_KEY:-$$(cat $(DEV_KEY))}"
 $(DEV_KEY):
 	@mkdir -p var && umask 077 && $(PY) -c 'import secrets; print(secrets.token_urlsafe(50))' > $@
 
-# Migrate, create the demo operator and runner, then serve with a scripted runner growing trees.
+# Migrate, create the demo operator and runner, then serve with a scripted runner growing trees;
+# with PRESETS=file.json (ENGINE=acp, ROOT="a task", PROFILE=name) real agents run instead.
 run: install $(DEV_KEY)
 	$(KEYED) $(PY) manage.py migrate --noinput
-	$(KEYED) $(PY) manage.py demo --host $(HOST) --port $(PORT)
+	$(KEYED) $(PY) manage.py demo --host $(HOST) --port $(PORT) \
+	  $(if $(PRESETS),--presets '$(PRESETS)') $(if $(ENGINE),--engine $(ENGINE)) \
+	  $(if $(ROOT),'--root=$(ROOT)') $(if $(PROFILE),--root-profile '$(PROFILE)')
 
 # The server alone, without the demo runner.
 serve: install $(DEV_KEY)

@@ -417,6 +417,9 @@ STEPS = {
     "push2": push_two_processes,
     "memory": memory,
     "tree": tree,
+    "mcp": lambda: results.update(
+        {k: round(v, 2) for k, v in __import__("bench.mcp").mcp.measure().items()}
+    ),
 }
 
 

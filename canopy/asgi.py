@@ -1,4 +1,5 @@
-"""ASGI entry point: HTTP through Django, WebSockets for runners and live operators."""
+"""ASGI entry point: HTTP through Django, WebSockets for runners and live operators, and the
+MCP server at /mcp (with the ASGI lifespan its session manager needs)."""
 
 import os
 
@@ -17,6 +18,7 @@ from django.urls import path  # noqa: E402
 from dashboard.live import live_application  # noqa: E402
 from delegation import upkeep  # noqa: E402
 from delegation.consumers import RunnerConsumer  # noqa: E402
+from delegation.mcp import McpGate  # noqa: E402
 
 websocket_routes = [
     # Runners authenticate with their own bearer token; no session, no Origin check.
@@ -33,9 +35,14 @@ router = ProtocolTypeRouter(
 )
 
 
-async def application(scope, receive, send):
+async def _django_and_sockets(scope, receive, send):
     # Lease expiry and runner loss must be swept even when no runner is connected (that is
     # when a runner is lost): any request or socket starts the sweep in this process.
     if scope["type"] in ("http", "websocket"):
         upkeep.ensure_started()
     return await router(scope, receive, send)
+
+
+# /mcp goes to the MCP SDK (agents, with a run token); lifespan is handled here because
+# channels' router refuses it; everything else is Django and the two sockets.
+application = McpGate(_django_and_sockets)

@@ -211,6 +211,13 @@ LEASE_TTL_SECONDS = env_int("LEASE_TTL_SECONDS", 3600, minimum=1)
 RUNNER_GRACE_SECONDS = env_float("RUNNER_GRACE_SECONDS", 30.0, minimum=0)
 CHILD_READ_PAGE = env_int("CHILD_READ_PAGE", 128, minimum=1)
 LEASE_RELEASE_WAIT_SECONDS = env_float("LEASE_RELEASE_WAIT_SECONDS", 5.0, minimum=0)
+# Run tokens (SPEC §9): the longest a run token lives, even while its run keeps running.
+RUN_TOKEN_TTL_SECONDS = env_int("RUN_TOKEN_TTL_SECONDS", 86400, minimum=1)
+# Where agents reach /mcp, e.g. https://canopy.example.com; unset: the scheme and Host the
+# runner's own socket used (right unless a proxy rewrites the Host).
+CANOPY_PUBLIC_URL = env_str("CANOPY_PUBLIC_URL", "").rstrip("/")
+# The longest an MCP read_child/delegate may wait (SPEC §9: 0-50 s).
+MCP_MAX_WAIT_SECONDS = 50
 # How often the runner consumer resends unanswered commands and sweeps expired leases.
 OUTBOX_RESEND_SECONDS = env_float("OUTBOX_RESEND_SECONDS", 5.0, minimum=0.05)
 # A runner socket silent this long (no touch from its server process, which touches every

@@ -10,6 +10,7 @@ urlpatterns = [
     path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", views.LogoutView.as_view(), name="logout"),
     path("trees/", views.trees, name="trees"),
+    path("launch/", views.launch, name="launch"),
     path("trees/<str:run_id>/", views.tree, name="tree"),
     path("runs/<str:run_id>/", views.run_detail, name="run"),
     path("runs/<str:run_id>/cancel/", views.run_cancel, name="run-cancel"),

@@ -32,6 +32,7 @@ from delegation.models import (
     Run,
     RunStatus,
 )
+from delegation.services.launch import Launch, do_launch_run
 from delegation.services.operator import Actor, do_cancel_run, do_release_lease
 
 SINCE_CHOICES = (
@@ -320,6 +321,44 @@ def lease_release(request, pk):
     if lease.parent_run_id:
         return redirect("run", lease.parent_run.run_id)
     return redirect("trees")
+
+
+# --- Launch -------------------------------------------------------------------------------------
+
+
+@viewer_required
+def launch(request):
+    """The "New run" form: runner, preset, message. Only operators get the form; the service
+    decides (and audits) every launch, so a forged POST from a viewer is refused there."""
+    if request.method not in ("GET", "POST"):
+        return _refuse(request, "GET or POST only", status=405)
+    form = {"runner": "", "preset": "", "message": ""}
+    error = ""
+    status = 200
+    if request.method == "POST":
+        form = {key: request.POST.get(key, "") for key in form}
+        extension_id, _, profile = form["preset"].rpartition("/")
+        try:
+            result = do_launch_run(
+                _actor(request),
+                Launch(
+                    runner=form["runner"],
+                    profile=profile,
+                    message=form["message"],
+                    extension_id=extension_id or None,
+                ),
+            )
+        except PermissionRefused as exc:
+            return _refuse(request, f"Refused: {exc}")
+        except RpcError as exc:
+            error, status = exc.message, 409 if exc.code != -32602 else 422
+        else:
+            messages.success(request, f"Launched {result['runId']} on {form['runner']}")
+            return redirect("tree", result["runId"])
+    elif not roles.has_role(request.user, roles.OPERATOR):
+        return _refuse(request, "Launching a run needs the operator role.")
+    context = _context(request, choices=selectors.launch_choices(), form=form, error=error)
+    return render(request, "launch.html", context, status=status)
 
 
 # --- Runners and audit ---------------------------------------------------------------------------

@@ -21,7 +21,8 @@ What the client takes care of:
   connection (up to its timeout), and a call whose answer was lost is sent again. Every runner
   method is idempotent on the server (replayed events are skipped, ``child.start`` and
   ``child.steer`` are keyed by ``requestId``), which is what makes resending safe;
-- server commands (``child.execute``, ``run.cancel``, ``run.steer``, ``lease.revoked``) are
+- server commands (``child.execute``, ``run.execute``, ``run.cancel``, ``run.steer``,
+  ``lease.revoked``) are
   dispatched to the handlers the host registers with :meth:`RunnerClient.on`; a command the
   server redelivers after a reconnect is answered from the stored answer, not run twice.
 
@@ -337,6 +338,31 @@ class Result:
 
 
 @dataclass(frozen=True)
+class McpToken:
+    """A run token for Canopy's MCP server (SPEC §9 ``run.mcpToken``).
+
+    Hand ``token`` to the agent only inside its MCP configuration (a header), never on argv
+    or in a log: it acts as the run. ``repr`` leaves it out for that reason.
+    """
+
+    url: str
+    token: str = field(repr=False)
+    expires_at: str = ""
+
+    @classmethod
+    def from_wire(cls, data: Any) -> McpToken:
+        if not isinstance(data, Mapping):
+            raise RpcError(codes.INTERNAL_ERROR, "run.mcpToken answered a non-object")
+        url, token = data.get("url"), data.get("token")
+        if not isinstance(url, str) or not url:
+            raise RpcError(codes.INTERNAL_ERROR, "run.mcpToken answered without a 'url'")
+        if not isinstance(token, str) or not token:
+            raise RpcError(codes.INTERNAL_ERROR, "run.mcpToken answered without a 'token'")
+        expires = data.get("expiresAt")
+        return cls(url=url, token=token, expires_at=expires if isinstance(expires, str) else "")
+
+
+@dataclass(frozen=True)
 class SteerOutcome:
     outcome: str
     reason: str = ""
@@ -375,7 +401,11 @@ class Identity:
 
 @dataclass(frozen=True)
 class ExecuteCommand:
-    """A ``child.execute`` command: run this child at ``depth`` with the frozen preset."""
+    """A ``child.execute`` command: run this child at ``depth`` with the frozen preset.
+
+    ``run.execute`` (a top-level run an operator launched, depth 0) has the same params and
+    parses into the same command: handle both with one handler.
+    """
 
     identity: Identity
     request: Mapping[str, Any]
@@ -782,6 +812,11 @@ class RunnerClient:
         return await self.call(
             "tool.end", {"runId": run_id, "toolCallId": tool_call_id}, timeout=timeout
         )
+
+    async def mcp_token(self, run_id: str, timeout: float | None = None) -> McpToken:
+        """``run.mcpToken``: a token that lets an agent act as ``run_id`` on ``/mcp``."""
+        result = await self.call("run.mcpToken", {"runId": run_id}, timeout=timeout)
+        return McpToken.from_wire(result)
 
     # -- the five child methods --------------------------------------------------------
 

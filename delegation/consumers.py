@@ -48,6 +48,16 @@ def _header(scope, name: str) -> str | None:
     return None
 
 
+def _base_url(scope) -> str:
+    """The server as this socket reached it: what an agent on the runner's side can reach."""
+    scheme = "https" if scope.get("scheme") == "wss" else "http"
+    host = _header(scope, "host")
+    if not host:
+        server = scope.get("server") or ("127.0.0.1", 80)
+        host = f"{server[0]}:{server[1]}"
+    return f"{scheme}://{host}"
+
+
 def _collecting(function, *args):
     # A refusal may follow a commit (a depth refusal stores its event), so its doorbells
     # are returned alongside the error rather than lost with it.
@@ -82,6 +92,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             runner_pk=runner.pk,
             declared_depth=depthlib.parse(_header(self.scope, depthlib.HEADER) or ""),
             channel_name=self.channel_name,
+            base_url=_base_url(self.scope),
         )
         self._spawn(self._keep_outbox_flowing())
 
@@ -205,6 +216,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             generation=generation,
             declared_depth=self.conn.declared_depth,
             channel_name=self.channel_name,
+            base_url=self.conn.base_url,
         )
         if self.runner_group is None:
             self.runner_group = notify.runner_group(self.conn.runner_pk)

@@ -176,6 +176,12 @@ class RunQuerySet(models.QuerySet):
         return self.exclude(status__in=TERMINAL_STATUSES)
 
 
+class RunVia(models.TextChoices):
+    RUNNER = "runner", "Runner"
+    MCP = "mcp", "MCP"
+    LAUNCH = "launch", "Launched by an operator"
+
+
 class Run(models.Model):
     """One execution within a session. A resume creates a new run in the same session."""
 
@@ -218,6 +224,9 @@ class Run(models.Model):
     last_sequence = models.PositiveBigIntegerField(default=0)
     emitted = models.PositiveBigIntegerField(default=0)
     refused_spawns = models.PositiveIntegerField(default=0)
+    # Which door the run came through: a runner's own call, an agent's MCP tool call, or an
+    # operator's launch. Operators filter on it; it never changes a rule.
+    via = models.CharField(max_length=16, choices=RunVia.choices, default=RunVia.RUNNER)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancel_reason = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
@@ -337,6 +346,7 @@ class Command(models.Model):
 
     class Method(models.TextChoices):
         CHILD_EXECUTE = "child.execute"
+        RUN_EXECUTE = "run.execute"
         RUN_CANCEL = "run.cancel"
         RUN_STEER = "run.steer"
         LEASE_REVOKED = "lease.revoked"
@@ -423,6 +433,28 @@ class ApiToken(models.Model):
 
     def __str__(self):
         return f"{self.user} {self.token_prefix}…"
+
+
+class RunToken(models.Model):
+    """A bearer token for ``/mcp`` that authorises exactly one run as the caller (SPEC §9).
+
+    Stored hashed. Alive only while its run is running, before ``expires_at``, and while the
+    runner still holds the token it had when this was issued (``runner_token_hash``): rotating
+    or revoking the runner's token kills every run token it handed out.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="run_tokens")
+    token_hash = models.CharField(max_length=64, unique=True)
+    token_prefix = models.CharField(max_length=16, blank=True)
+    runner_token_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self):
+        return f"{self.run.run_id} {self.token_prefix}…"
 
 
 # The kinds a webhook may subscribe to (SPEC §10 "Alerts"); "test" is sent only on request.

@@ -8,7 +8,8 @@ so any other transport can call them with the same typed arguments.
 from __future__ import annotations
 
 from delegation import metrics
-from delegation.services import children, runners, streams
+from delegation.services import children, run_tokens, runners, streams
+from delegation.services.children import Caller
 from delegation.services.runners import Connection
 from delegation.wire import (
     Params,
@@ -16,6 +17,7 @@ from delegation.wire import (
     RunEventParams,
     RunFinishParams,
     RunOpenParams,
+    RunTokenParams,
     ToolEndParams,
     parse_model,
 )
@@ -50,19 +52,23 @@ def _child_params(raw_params, *required: str) -> Params:
 
 def child_start(conn: Connection, raw_params) -> dict:
     params = _child_params(raw_params, "extension_id", "generation", "request")
-    return children.start_child(conn, params)
+    return children.start_child(Caller(conn), params)
 
 
 def child_read(conn: Connection, raw_params) -> dict:
-    return children.read_child(conn, _child_params(raw_params))
+    return children.read_child(Caller(conn), _child_params(raw_params))
 
 
 def child_cancel(conn: Connection, raw_params) -> dict:
-    return children.cancel_child(conn, _child_params(raw_params))
+    return children.cancel_child(Caller(conn), _child_params(raw_params))
 
 
 def child_steer(conn: Connection, raw_params) -> dict:
-    return children.steer_child(conn, _child_params(raw_params, "message", "request_id"))
+    return children.steer_child(Caller(conn), _child_params(raw_params, "message", "request_id"))
+
+
+def mcp_token(conn: Connection, raw_params) -> dict:
+    return run_tokens.issue_run_token(conn, parse_model(RunTokenParams, raw_params))
 
 
 def child_lease_release(conn: Connection, raw_params) -> tuple[int, list[str]]:
@@ -80,6 +86,7 @@ HANDLERS = {
     "child.read": child_read,
     "child.cancel": child_cancel,
     "child.steer": child_steer,
+    "run.mcpToken": mcp_token,
 }
 # Methods the consumer handles itself around the call: register swaps the connection, and
 # release answers only once the lease's children have stopped.

@@ -423,6 +423,12 @@ class ToolEndParams(Strict):
     tool_call_id: str = Field(alias="toolCallId")
 
 
+class RunTokenParams(Strict):
+    """``run.mcpToken`` (SPEC §9)."""
+
+    run_id: ValidId = Field(alias="runId")
+
+
 class Params(Strict):
     """The child methods' ``Params``, exactly as upstream (camelCase)."""
 

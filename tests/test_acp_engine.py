@@ -302,14 +302,15 @@ async def test_it_runs_a_root_through_the_runner_command_line_with_engine_acp(
 ):
     _runner, token = await sync_to_async(tokens.create_runner)("acp-cli")
     config = tmp_path / "presets.json"
-    config.write_text(
-        json.dumps(
-            {
-                "workspace": ".",
-                "presets": [{"name": "acp", "command": AGENT, "allowToolKinds": ["read"]}],
-            }
-        )
-    )
+    state = tmp_path / "state"
+    state.mkdir()
+    preset = {
+        "name": "acp",
+        "command": AGENT,
+        "allowToolKinds": ["read"],
+        "env": {"ACP_AGENT_STATE": str(state)},
+    }
+    config.write_text(json.dumps({"workspace": ".", "presets": [preset]}))
     env = {**os.environ, "CANOPY_RUNNER_TOKEN": token}
     env.pop("PANDO_DELEGATION_DEPTH", None)
     done = await asyncio.to_thread(
@@ -325,6 +326,15 @@ async def test_it_runs_a_root_through_the_runner_command_line_with_engine_acp(
     assert done.returncode == 0, done.stderr
     runs = await sync_to_async(list)(Run.objects.values_list("depth", "status", "output"))
     assert runs == [(0, "succeeded", "Echo: from the command line")]
+    # The agent got Canopy's MCP server with a run token the server issued for this run.
+    (started,) = [json.loads(line) for line in (state / "started.jsonl").read_text().splitlines()]
+    (server,) = started["mcpServers"]
+    assert (server["type"], server["name"]) == ("http", "canopy")
+    assert server["url"] == daphne_server.http_url + "/mcp"
+    headers = {h["name"]: h["value"] for h in server["headers"]}
+    assert headers["X-Pando-Delegation-Depth"] == "0"
+    assert headers["Authorization"].startswith("Bearer cnt_")
+    assert headers["Authorization"].removeprefix("Bearer ") not in done.stderr + done.stdout
 
 
 async def test_it_keeps_every_event_of_a_fast_agent_in_order(harness):

@@ -146,6 +146,17 @@ class FakeServer:
         if method == "run.finish":
             self.runs[params["runId"]]["finished"] = params
             return {"result": {}}
+        if method == "run.mcpToken":
+            run = self.runs.get(params.get("runId"))
+            if run is None or run["finished"] is not None:
+                return {"error": {"code": -32004, "message": "no running run of this runner"}}
+            return {
+                "result": {
+                    "url": f"http://127.0.0.1:{self.port}/mcp",
+                    "token": f"crt_{params['runId']}",
+                    "expiresAt": "2026-01-01T00:00:00Z",
+                }
+            }
         return {"error": {"code": -32601, "message": f"unknown method {method}"}}
 
 
@@ -754,3 +765,28 @@ def test_it_turns_agent_lines_into_events():
     assert big["text"] == "z" * 10
     assert isinstance(big["toolOutput"], str) and len(big["toolOutput"]) < 33_000
     assert big["toolOutput"].endswith("[truncated by the runner]")
+
+
+# --- run tokens (SPEC §9) ----------------------------------------------------------------
+
+
+async def test_it_asks_for_a_run_token_and_keeps_it_out_of_its_repr(fake):
+    async with make_client(fake) as client:
+        await client.open_run("conv-1", "run-1")
+        minted = await client.mcp_token("run-1")
+        assert minted.url == f"http://127.0.0.1:{fake.port}/mcp"
+        assert minted.token == "crt_run-1"
+        assert minted.expires_at == "2026-01-01T00:00:00Z"
+        assert "crt_run-1" not in repr(minted)
+        await client.finish("run-1", output="x")
+        with pytest.raises(sdk.NoSuchRun, match="no running run"):
+            await client.mcp_token("run-1")
+    sent = [f for f in fake.frames if f.get("method") == "run.mcpToken"]
+    assert [f["params"] for f in sent] == [{"runId": "run-1"}, {"runId": "run-1"}]
+
+
+async def test_it_refuses_a_run_token_answer_without_a_token(fake):
+    fake.results["run.mcpToken"] = {"url": "http://x/mcp", "expiresAt": "soon"}
+    async with make_client(fake) as client:
+        with pytest.raises(sdk.RpcError, match="without a 'token'"):
+            await client.mcp_token("run-1")

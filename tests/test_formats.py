@@ -242,6 +242,72 @@ def test_it_fails_a_claude_run_with_the_agents_reason(result, reason):
         assert outcome.output is None and reason in outcome.error
 
 
+def test_it_counts_each_turn_of_a_claude_conversation_once():
+    # Fed through --input-format stream-json, Claude Code ends every turn with a result whose
+    # total_cost_usd is the session's running total and whose usage is the turn's own.
+    fmt = ClaudeStreamJson()
+    turn = {"type": "result", "usage": {"input_tokens": 10, "output_tokens": 2}}
+    first = feed_all(
+        fmt,
+        [
+            {
+                **turn,
+                "subtype": "error_during_execution",
+                "is_error": True,
+                "result": "tool broke",
+                "total_cost_usd": 0.25,
+            }
+        ],
+    )
+    assert fmt.turns_ended == 1 and fmt.outcome(0).error == "tool broke"
+    second = feed_all(
+        fmt,
+        [
+            {
+                **turn,
+                "subtype": "success",
+                "is_error": False,
+                "result": "fixed after the steer",
+                "total_cost_usd": 0.75,
+            }
+        ],
+    )
+    assert fmt.turns_ended == 2
+    costs = [e["input"]["costUsd"] for e in first + second if e["kind"] == "usage"]
+    assert costs == [0.25, 0.5]
+    assert fmt.outcome(0).output == "fixed after the steer" and fmt.outcome(0).error is None
+
+
+def test_it_shows_a_long_claude_tool_calls_heartbeat_as_an_update_of_that_call():
+    fmt = ClaudeStreamJson()
+    use = {
+        "type": "assistant",
+        "message": {
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_9",
+                    "name": "mcp__canopy__delegate",
+                    "input": {"profile": "claude"},
+                }
+            ]
+        },
+    }
+    beat = {
+        "type": "tool_progress",
+        "tool_use_id": "toolu_9-heartbeat-0",
+        "tool_name": "mcp__canopy__delegate",
+        "parent_tool_use_id": None,
+        "elapsed_time_seconds": 30,
+        "uuid": "u",
+        "session_id": "s",
+    }
+    events = feed_all(fmt, [use, beat])
+    assert [e["kind"] for e in events] == ["tool-use", "tool-update"]
+    assert events[1]["toolCallId"] == "toolu_9" and events[1]["text"] == "running for 30 s"
+    assert events[1]["toolName"] == "mcp__canopy__delegate"
+
+
 def test_it_attaches_claude_subagent_records_to_the_task_call_that_made_them():
     sid = "s-1"
     records = [

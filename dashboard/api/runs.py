@@ -23,11 +23,13 @@ from dashboard.api.schemas import (
     CancelReport,
     DepthParam,
     EventPage,
+    LaunchBody,
     LimitParam,
     QueryBool,
     QueryTime,
     RunDetail,
     RunPage,
+    RunResult,
     SequenceParam,
     SteerBody,
     SteerOutcome,
@@ -38,6 +40,7 @@ from dashboard.api.schemas import (
 from delegation import selectors
 from delegation.models import RunStatus
 from delegation.services import operator
+from delegation.services.launch import Launch, do_launch_run
 
 router = Router(tags=["runs"])
 
@@ -178,6 +181,7 @@ def get_run(request, runId: str):  # noqa: N803
         ),
         lastSequence=run.last_sequence,
         refusedSpawns=run.refused_spawns,
+        via=run.via,
         cancelRequestedAt=run.cancel_requested_at,
         cancelReason=run.cancel_reason,
         createdAt=run.created_at,
@@ -338,6 +342,28 @@ def list_steers(request, runId: str):  # noqa: N803
 
 
 # --- Actions -----------------------------------------------------------------------------------
+
+
+@router.post(
+    "/runs",
+    response={201: RunResult, **ACT},
+    summary="Launch a top-level run on a connected runner",
+    description="Needs the operator role. Stores the session and run at depth 0, sends the "
+    "runner `run.execute` (the params of child.execute) and audits the launch; answers the "
+    "run's Result. A runner that is unknown or not connected, or has no such preset, is 409 "
+    "with the reason (rpcCode −32001 / −32012); a preset offered by several extensions needs "
+    "`extensionId` (422).",
+)
+@strict_query(NoParams)
+def launch_run(request, body: LaunchBody):
+    launch = Launch(
+        runner=body.runner,
+        profile=body.profile,
+        message=body.message,
+        extension_id=body.extension_id,
+        cwd=body.cwd,
+    )
+    return 201, do_launch_run(actor_for(request), launch)
 
 
 @router.post(

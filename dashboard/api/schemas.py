@@ -18,7 +18,7 @@ from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator
 
 from delegation.models import LeaseState, RunStatus
 from delegation.protocol import MAX_STEER_BYTES
-from delegation.wire import Strict, utf8_len
+from delegation.wire import MAX_MESSAGE_BYTES, Strict, utf8_len
 
 BIGINT_MAX = 2**63 - 1
 
@@ -176,6 +176,56 @@ class ReleaseBody(Strict):
     """No fields: the body may be omitted or `{}`."""
 
 
+def _not_blank_no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL")
+    if not value.strip():
+        raise ValueError("must not be blank")
+    return value
+
+
+class LaunchBody(Strict):
+    """Start a top-level run on a connected runner with one of its presets (SPEC §9)."""
+
+    runner: str = Field(
+        min_length=1,
+        max_length=128,
+        description="The runner's name (runnerId); it must be connected.",
+        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
+    )
+    profile: str = Field(
+        min_length=1,
+        max_length=128,
+        description="A preset the runner registered.",
+        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
+    )
+    message: str = Field(
+        min_length=1,
+        max_length=MAX_MESSAGE_BYTES,
+        description="The task, non-blank, at most 512 KiB of UTF-8.",
+        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
+    )
+    extension_id: str = Field(
+        default=None,
+        alias="extensionId",
+        min_length=1,
+        max_length=128,
+        description="The extension offering the preset; needed only when several offer it.",
+        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
+    )
+    cwd: str = Field(
+        default=None,
+        min_length=1,
+        max_length=8192,
+        description="Working directory, confined to the runner's workspace when it has one.",
+        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
+    )
+
+    _checks = field_validator("runner", "profile", "message", "extension_id", "cwd")(
+        classmethod(lambda cls, value: _not_blank_no_nul(value))
+    )
+
+
 # --- Responses ---------------------------------------------------------------------------------
 
 
@@ -208,6 +258,10 @@ class RunItem(Schema):
     leaseId: str = Field(description='The lease it was started under, "" if none')
     lastSequence: int = Field(description="Head of its event stream (= number of events)")
     refusedSpawns: int
+    via: str = Field(
+        description="How the run was started: runner (run.open / child.start), mcp (an agent's "
+        "delegate tool call) or launch (an operator)"
+    )
     cancelRequestedAt: datetime | None
     createdAt: datetime
     updatedAt: datetime
@@ -248,6 +302,26 @@ class LeaseRef(Schema):
     expiresAt: datetime
 
 
+class RunResult(Schema):
+    """SPEC §6 ``Result``: every field always present."""
+
+    runnerId: str
+    hostInstanceId: str
+    conversationId: str
+    runId: str
+    parentConversationId: str
+    parentRunId: str
+    extensionId: str
+    profile: str
+    done: bool
+    cancelled: bool
+    error: str
+    output: str
+    events: list[EventOut]
+    depth: int
+    status: RunStatus
+
+
 class RunDetail(Schema):
     """The SPEC §6 `Result` (every field present) plus what an operator needs around it."""
 
@@ -273,6 +347,10 @@ class RunDetail(Schema):
     lease: LeaseRef | None = Field(description="The lease this run was started under")
     lastSequence: int
     refusedSpawns: int
+    via: str = Field(
+        description="How the run was started: runner (run.open / child.start), mcp (an agent's "
+        "delegate tool call) or launch (an operator)"
+    )
     cancelRequestedAt: datetime | None
     cancelReason: str
     createdAt: datetime

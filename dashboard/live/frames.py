@@ -199,6 +199,7 @@ class TreeRow(_Out):
     finished_at: int | None = Field(alias="finishedAt")
     events: int
     refused_spawns: int = Field(alias="refusedSpawns")
+    via: str
     cancel_requested: bool = Field(alias="cancelRequested")
     under_lease: bool = Field(alias="underLease")
     leases: list[dict[str, Any]]

@@ -22,8 +22,9 @@ environment rules as the ``command`` engine, and drives it as the ACP *client* w
   runner knows the agent's session id for that conversation; otherwise the run fails with a
   reason saying which of the two is missing.
 
-The MCP URL and run token come from a later change (``run.mcpToken``): the engine takes an
-optional ``mcp`` callable returning ``{"url": ..., "token": ...}`` for a run, or None.
+The run token comes from the server (``run.mcpToken``); a server that gives none (an older
+one, without ``/mcp``) leaves the agent without Canopy's tools, said in an ``error`` event. The
+``mcp`` argument replaces how the token is obtained (tests).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import shlex
 import signal
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,8 @@ from acp.schema import (
 
 from delegation import depth as depthlib
 from delegation import errors as codes
-from delegation.client import Preset, RpcError, event
+from delegation.client import ClientError, Preset, RpcError, event
+from delegation.runner import mcpconfig
 from delegation.runner.command import PASSED_ENV, confine
 from delegation.runner.formats import COALESCE_BYTES, clip, usage_event
 from delegation.runner.host import Outcome, RunContext
@@ -81,7 +83,7 @@ CHUNK_MAX_AGE = 0.5
 # ACP frames (one JSON-RPC message per line) may carry whole files.
 STREAM_LIMIT = 50 * 1024 * 1024
 
-McpProvider = Callable[[RunContext], Awaitable[Mapping[str, str] | None]]
+McpProvider = mcpconfig.McpProvider
 
 
 class AcpRefused(Exception):
@@ -503,17 +505,23 @@ class AcpEngine:
         )
         return depthlib.child_env(ctx.depth, env)
 
-    async def mcp_servers(self, ctx: RunContext) -> list[HttpMcpServer]:
-        if self.mcp is None:
+    async def mcp_servers(self, ctx: RunContext, session: Session) -> list[HttpMcpServer]:
+        try:
+            found = await (self.mcp or mcpconfig.run_token)(ctx)
+        except (RpcError, ClientError) as exc:
+            # The agent can still do its work, only not delegate: say so on the run.
+            session.put(event("error", error=f"no Canopy MCP server for this agent: {exc}"))
             return []
-        found = await self.mcp(ctx)
         if not found:
             return []
+        token = mcpconfig.as_token(found)
+        ctx.data["run_token"] = token.token
         headers = [
-            HttpHeader(name="Authorization", value=f"Bearer {found['token']}"),
-            HttpHeader(name=depthlib.HEADER, value=str(ctx.depth)),
+            HttpHeader(name=k, value=v) for k, v in mcpconfig.headers(token, ctx.depth).items()
         ]
-        return [HttpMcpServer(type="http", name="canopy", url=found["url"], headers=headers)]
+        return [
+            HttpMcpServer(type="http", name=mcpconfig.SERVER_NAME, url=token.url, headers=headers)
+        ]
 
     # -- one child ---------------------------------------------------------------------
 
@@ -538,7 +546,7 @@ class AcpEngine:
         ctx.data["acp_session"] = session
         stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL)
         sender = asyncio.create_task(self._send(ctx, queue))
-        stderr = asyncio.create_task(self._stderr(process, stderr_tail))
+        stderr = asyncio.create_task(self._stderr(process, stderr_tail, ctx))
         ticker = asyncio.create_task(self._tick(session))
         conn = ClientSideConnection(session, process.stdin, process.stdout)
         try:
@@ -586,7 +594,7 @@ class AcpEngine:
         if init is None:
             return Outcome(cancelled=True)
         capabilities = init.agent_capabilities
-        servers = await self.mcp_servers(ctx)
+        servers = await self.mcp_servers(ctx, session)
         resume = ctx.request.get("resume") if isinstance(ctx.request, Mapping) else None
         if resume:
             known = self.sessions.get(ctx.conversation_id)
@@ -713,7 +721,7 @@ class AcpEngine:
             await asyncio.sleep(CHUNK_MAX_AGE / 2)
             session.flush_stale()
 
-    async def _stderr(self, process, tail: deque) -> None:
+    async def _stderr(self, process, tail: deque, ctx: RunContext) -> None:
         while True:
             try:
                 raw = await process.stderr.readline()
@@ -721,7 +729,9 @@ class AcpEngine:
                 continue
             if not raw:
                 return
-            line = raw.decode("utf-8", errors="replace").rstrip()
+            line = mcpconfig.redact(
+                raw.decode("utf-8", errors="replace").rstrip(), ctx.data.get("run_token")
+            )
             if line:
                 tail.append(line)
                 log.debug("acp agent %s: %s", process.pid, line)

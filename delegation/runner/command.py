@@ -43,10 +43,18 @@ from typing import Any
 
 from delegation import depth as depthlib
 from delegation import errors as codes
-from delegation.client import Preset, RpcError, event
+from delegation.client import ClientError, Preset, RpcError, event
 from delegation.protocol import SERVER_EVENT_KINDS
 from delegation.runner.formats import FORMATS, make_format
 from delegation.runner.host import Outcome, RunContext
+from delegation.runner.mcpconfig import (
+    SHAPES,
+    McpConfigFile,
+    McpProvider,
+    as_token,
+    redact,
+    run_token,
+)
 
 log = logging.getLogger("canopy.runner.command")
 
@@ -59,6 +67,7 @@ PLACEHOLDERS = (
     "depth",
     "cwd",
     "workspace",
+    "mcpConfig",
 )
 _PLACEHOLDER = re.compile("\\{(" + "|".join(PLACEHOLDERS) + ")\\}")
 # All an agent gets of the runner's environment: anything else (the runner's token,
@@ -68,6 +77,10 @@ SANDBOXES = ("bwrap",)
 # What a bwrap sandbox sees of the machine, read-only: the system, not the runner's files.
 SANDBOX_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
 MAX_LINE = 1024 * 1024
+# Claude Code's ``--input-format stream-json``: the task is the first user record on stdin,
+# each steer another; stdin closes (and the agent exits) once every turn asked has ended.
+CONVERSATION = "claude-stream-json"
+STEER_FORMATS = ("text", "json", CONVERSATION)
 FIT_BYTES = 256 * 1024
 FIELD_BYTES = 32 * 1024
 STRING_FIELDS = ("text", "toolName", "toolCallId", "error")
@@ -82,11 +95,18 @@ class CommandPreset:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None  # default working directory, relative to the workspace
     cancel_grace: float = 5.0  # seconds between SIGTERM and SIGKILL
-    steer_format: str = "text"  # "text": the message on one line; "json": a JSON object line
+    # "text": the message on one line; "json": a JSON object line; "claude-stream-json": the
+    # task and each steer are user records of a Claude Code conversation on stdin (below).
+    steer_format: str = "text"
     format: str = "lines"  # how stdout is read: see delegation.runner.formats
     sandbox: str | None = None  # "bwrap": private /proc, the workspace the only writable path
     read_only: tuple[str, ...] = ()  # more paths a sandboxed agent may read (an interpreter)
     user: str | None = None  # run the agent as this account (the runner must be root)
+    mcp_config_shape: str = "claude"  # how {mcpConfig} names the server: see mcpconfig.SHAPES
+
+    @property
+    def uses_mcp_config(self) -> bool:
+        return any("{mcpConfig}" in a for a in (*self.command, *self.env.values()))
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any]) -> CommandPreset:
@@ -103,6 +123,7 @@ class CommandPreset:
             "sandbox",
             "readOnly",
             "user",
+            "mcpConfigShape",
         }
         unknown = set(raw) - known
         if unknown:
@@ -125,14 +146,26 @@ class CommandPreset:
         ):
             raise ValueError(f"preset {name!r}: 'env' must map names to strings")
         steer_format = raw.get("steerFormat", "text")
-        if steer_format not in ("text", "json"):
-            raise ValueError(f"preset {name!r}: 'steerFormat' must be 'text' or 'json'")
+        if steer_format not in STEER_FORMATS:
+            raise ValueError(
+                f"preset {name!r}: 'steerFormat' must be one of {', '.join(STEER_FORMATS)}"
+            )
+        if steer_format == CONVERSATION and raw.get("format") != "claude-stream-json":
+            raise ValueError(
+                f"preset {name!r}: 'steerFormat' {CONVERSATION!r} needs "
+                "'format' 'claude-stream-json' (its result records end the turns)"
+            )
         output_format = raw.get("format", "lines")
         if output_format not in FORMATS:
             raise ValueError(f"preset {name!r}: 'format' must be one of {', '.join(FORMATS)}")
         grace = raw.get("cancelGraceSeconds", 5.0)
         if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
             raise ValueError(f"preset {name!r}: 'cancelGraceSeconds' must be a number >= 0")
+        shape = raw.get("mcpConfigShape", "claude")
+        if shape not in SHAPES:
+            raise ValueError(
+                f"preset {name!r}: 'mcpConfigShape' must be one of {', '.join(SHAPES)}"
+            )
         sandbox = raw.get("sandbox")
         if sandbox is not None and sandbox not in SANDBOXES:
             raise ValueError(f"preset {name!r}: 'sandbox' must be one of {', '.join(SANDBOXES)}")
@@ -162,6 +195,7 @@ class CommandPreset:
             cancel_grace=float(grace),
             steer_format=steer_format,
             format=output_format,
+            mcp_config_shape=shape,
         )
 
 
@@ -257,7 +291,13 @@ def fit(ev: dict) -> dict:
 class CommandEngine:
     name = "command"
 
-    def __init__(self, presets: list[CommandPreset], workspace: str):
+    def __init__(
+        self,
+        presets: list[CommandPreset],
+        workspace: str,
+        *,
+        mcp: McpProvider | None = None,
+    ):
         if not presets:
             raise ValueError("the command engine needs at least one preset")
         names = [p.name for p in presets]
@@ -265,13 +305,14 @@ class CommandEngine:
             raise ValueError("duplicate preset names")
         self.presets_by_name = {p.name: p for p in presets}
         self.workspace = str(Path(workspace).resolve())
+        self.mcp = mcp or run_token
         # The host tears an execution down only after the longest SIGTERM grace has passed.
         self.cancel_grace = max(p.cancel_grace for p in presets) + 2.0
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], workspace: str | None = None):
+    def from_config(cls, config: Mapping[str, Any], workspace: str | None = None, **kwargs):
         presets = [CommandPreset.from_config(p) for p in config["presets"]]
-        return cls(presets, workspace or config.get("workspace") or os.getcwd())
+        return cls(presets, workspace or config.get("workspace") or os.getcwd(), **kwargs)
 
     def presets(self) -> list[Preset]:
         return [
@@ -292,11 +333,17 @@ class CommandEngine:
 
     # -- one child -----------------------------------------------------------------------
 
-    def environment(self, ctx: RunContext, preset: CommandPreset, cwd: str) -> dict[str, str]:
+    def environment(
+        self, ctx: RunContext, preset: CommandPreset, cwd: str, mcp_config: str = ""
+    ) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
         if preset.user:
             env["HOME"] = pwd.getpwnam(preset.user).pw_dir
-        env.update(preset.env)
+        # Placeholders in env values too: Gemini CLI finds its settings file through one.
+        values = self.placeholders(ctx, preset, cwd, mcp_config)
+        env.update(
+            {k: _PLACEHOLDER.sub(lambda m: values[m.group(1)], v) for k, v in preset.env.items()}
+        )
         env.update(
             {
                 "CANOPY_RUN_ID": ctx.run_id,
@@ -313,8 +360,10 @@ class CommandEngine:
         # Set last and explicitly: an inherited value would be the runner's level.
         return depthlib.child_env(ctx.depth, env)
 
-    def argv(self, ctx: RunContext, preset: CommandPreset, cwd: str) -> list[str]:
-        values = {
+    def placeholders(
+        self, ctx: RunContext, preset: CommandPreset, cwd: str, mcp_config: str = ""
+    ) -> dict[str, str]:
+        return {
             "message": ctx.message,
             "systemPrompt": (ctx.preset.system_prompt if ctx.preset else "")
             or preset.system_prompt,
@@ -324,30 +373,63 @@ class CommandEngine:
             "depth": str(ctx.depth),
             "cwd": cwd,
             "workspace": self.workspace,
+            "mcpConfig": mcp_config,
         }
+
+    def argv(
+        self, ctx: RunContext, preset: CommandPreset, cwd: str, mcp_config: str = ""
+    ) -> list[str]:
+        values = self.placeholders(ctx, preset, cwd, mcp_config)
         # One pass: a value is never scanned again, so "{cwd}" inside a message stays text.
         return [_PLACEHOLDER.sub(lambda m: values[m.group(1)], arg) for arg in preset.command]
 
-    def bwrap(self, preset: CommandPreset, cwd: str) -> list[str]:
+    def bwrap(self, preset: CommandPreset, cwd: str, private: str | None = None) -> list[str]:
         """The bubblewrap prefix: the system read-only, the workspace the one writable path,
-        a private /proc (no other process, the runner included, is visible), a fresh /tmp."""
+        a private /proc (no other process, the runner included, is visible), a fresh /tmp
+        (with the child's own MCP configuration directory, ``private``, read-only in it)."""
         out = ["bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--new-session"]
         for path in SANDBOX_SYSTEM + preset.read_only:
             out += ["--ro-bind-try", path, path]
         out += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        if private:
+            out += ["--ro-bind", private, private]
         out += ["--bind", self.workspace, self.workspace, "--chdir", cwd, "--"]
         return out
 
     async def run(self, ctx: RunContext) -> Outcome:
         preset = self.presets_by_name[ctx.preset.name if ctx.preset else ctx.profile]
         cwd = confine(self.workspace, ctx.cwd or preset.cwd)
-        argv = self.argv(ctx, preset, cwd)
+        config = None
+        if preset.uses_mcp_config:
+            try:
+                found = await self.mcp(ctx)
+            except (RpcError, ClientError) as exc:
+                return Outcome(error=f"{{mcpConfig}}: no run token from the server: {exc}")
+            if not found:
+                return Outcome(error="{mcpConfig}: no run token from the server")
+            token = as_token(found)
+            config = McpConfigFile(
+                token, ctx.depth, user=preset.user, shape=preset.mcp_config_shape
+            )
+            ctx.data["mcp_config"] = config.path
+            ctx.data["run_token"] = token.token
+        try:
+            return await self._run(ctx, preset, cwd, config)
+        finally:
+            if config is not None:
+                config.remove()
+
+    async def _run(
+        self, ctx: RunContext, preset: CommandPreset, cwd: str, config: McpConfigFile | None
+    ) -> Outcome:
+        mcp_path = config.path if config else ""
+        argv = self.argv(ctx, preset, cwd, mcp_path)
         if preset.sandbox == "bwrap":
-            argv = self.bwrap(preset, cwd) + argv
+            argv = self.bwrap(preset, cwd, config.directory if config else None) + argv
         process = await asyncio.create_subprocess_exec(
             *argv,
             cwd=cwd,
-            env=self.environment(ctx, preset, cwd),
+            env=self.environment(ctx, preset, cwd, mcp_path),
             user=preset.user,
             # A user switch must not keep root's supplementary groups.
             extra_groups=[] if preset.user else None,
@@ -359,7 +441,17 @@ class CommandEngine:
         )
         ctx.data["process"] = process
         ctx.data["pid"] = process.pid
-        state = {"last_stderr": None, "format": make_format(preset.format)}
+        state = {
+            "last_stderr": None,
+            "format": make_format(preset.format),
+            "secret": ctx.data.get("run_token"),
+        }
+        if preset.steer_format == CONVERSATION:
+            state.update(stdin=process.stdin, prompts=1, closed=False, turns=0)
+            ctx.data["conversation"] = state
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
+                process.stdin.write(_user_record(ctx.message))
+                await process.stdin.drain()
         # One queue keeps stdout and stderr events in arrival order, and one sender batches
         # them: a chatty agent does not cost one round trip per line.
         queue: asyncio.Queue = asyncio.Queue()
@@ -413,7 +505,7 @@ class CommandEngine:
                     for ev in state["format"].flush():
                         queue.put_nowait(ev)
                 return
-            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            line = redact(raw.decode("utf-8", errors="replace").rstrip("\r\n"), state["secret"])
             if which == "stderr":
                 if line.strip():
                     state["last_stderr"] = line
@@ -421,6 +513,27 @@ class CommandEngine:
                 continue
             for ev in state["format"].feed(line):
                 queue.put_nowait(ev)
+            if "prompts" in state and not state["closed"]:
+                self._maybe_end_conversation(state)
+
+    @staticmethod
+    def _maybe_end_conversation(state: dict) -> None:
+        """After a turn's result, close stdin (so Claude Code exits) unless a prompt it has not
+        taken yet is waiting: that one starts another turn.
+
+        Claude Code folds a message that arrives during a tool call into the running turn and
+        turns one that arrives between model calls into a turn of its own; with
+        ``--replay-user-messages`` it echoes each message as it takes it, which tells the two
+        apart. Without the echo, one turn per prompt is assumed.
+        """
+        fmt = state["format"]
+        if fmt.turns_ended == state["turns"]:
+            return
+        state["turns"] = fmt.turns_ended
+        taken = fmt.prompts_seen if fmt.prompts_seen else fmt.turns_ended
+        if taken >= state["prompts"]:
+            state["closed"] = True
+            state["stdin"].close()
 
     async def _send(self, ctx: RunContext, queue: asyncio.Queue) -> None:
         done = False
@@ -449,6 +562,18 @@ class CommandEngine:
         if process is None or process.returncode is not None or process.stdin is None:
             return "promptRequired"
         preset = self.presets_by_name.get(ctx.preset.name if ctx.preset else ctx.profile)
+        conversation = ctx.data.get("conversation")
+        if conversation is not None:
+            if conversation["closed"]:
+                return "promptRequired"
+            # Counted before the write: the turn it asks for must keep stdin open.
+            conversation["prompts"] += 1
+            try:
+                process.stdin.write(_user_record(message))
+                await process.stdin.drain()
+            except (BrokenPipeError, ConnectionResetError, RuntimeError):
+                return "promptRequired"
+            return "injected"
         if preset is not None and preset.steer_format == "json":
             line = json.dumps({"type": "steer", "message": message}, ensure_ascii=False)
         else:
@@ -459,6 +584,15 @@ class CommandEngine:
         except (BrokenPipeError, ConnectionResetError, RuntimeError):
             return "promptRequired"
         return "injected"
+
+
+def _user_record(text: str) -> bytes:
+    """One user turn of Claude Code's ``--input-format stream-json``."""
+    record = {
+        "type": "user",
+        "message": {"role": "user", "content": [{"type": "text", "text": text}]},
+    }
+    return json.dumps(record, ensure_ascii=False).encode("utf-8") + b"\n"
 
 
 def _kill_group(pid: int, sig: int) -> None:

@@ -147,6 +147,7 @@ class Format:
         self.failure: str | None = None  # the agent's own reason for failing
         self.last_text: str | None = None
         self.last_error: str | None = None
+        self.turns_ended = 0  # the agent's end-of-turn records seen (Claude Code's ``result``)
 
     def feed(self, line: str | bytes) -> list[dict]:
         if isinstance(line, bytes | bytearray):
@@ -264,6 +265,12 @@ class ClaudeStreamJson(Format):
         self.model = ""
         self.session_id = ""
         self.tool_names: dict[str, str] = {}
+        # ``total_cost_usd`` is the session's running total: a conversation fed through
+        # ``--input-format stream-json`` has one result per turn, each adding only its share.
+        self.cost_seen = 0.0
+        # User messages Claude Code took from stdin (``--replay-user-messages`` echoes each
+        # one as it consumes it): the runner's count of prompts the agent has seen.
+        self.prompts_seen = 0
 
     @staticmethod
     def _call_id(own: str, parent: str | None) -> str:
@@ -279,12 +286,36 @@ class ClaudeStreamJson(Format):
         if kind == "assistant":
             return self._assistant(data["message"], parent)
         if kind == "user":
+            if data.get("isReplay"):
+                self.prompts_seen += 1
+                return []  # the task and steers are already on the run (its message, steers)
             return self._user(data["message"], parent)
         if kind == "result":
             return self._result(data)
         if kind == "stream_event":
             return self._stream_event(data.get("event") or {}, parent)
+        if kind == "tool_progress":
+            return self._progress(data, parent)
         return None
+
+    def _progress(self, data: dict, parent: str | None) -> list[dict]:
+        """A long tool call's heartbeat, as an update of that call."""
+        own = str(data["tool_use_id"])
+        # Claude Code numbers its heartbeats "<call id>-heartbeat-<n>".
+        base = own.rsplit("-heartbeat-", 1)[0]
+        if base in self.tool_names:
+            own = base
+        seconds = data.get("elapsed_time_seconds")
+        text = f"running for {seconds:g} s" if isinstance(seconds, int | float) else "running"
+        name = data.get("tool_name") or self.tool_names.get(own)
+        return [
+            event(
+                "tool-update",
+                text,
+                tool_name=str(name) if name else None,
+                tool_call_id=self._call_id(own, parent),
+            )
+        ]
 
     def _system(self, data: dict) -> list[dict]:
         subtype = data.get("subtype") or ""
@@ -401,12 +432,16 @@ class ClaudeStreamJson(Format):
         model_usage = data.get("modelUsage")
         if not model and isinstance(model_usage, Mapping) and len(model_usage) == 1:
             model = next(iter(model_usage))
+        self.turns_ended += 1
+        cost = data.get("total_cost_usd")
+        if isinstance(cost, int | float) and not isinstance(cost, bool) and math.isfinite(cost):
+            cost, self.cost_seen = max(cost - self.cost_seen, 0.0), max(cost, self.cost_seen)
         used = usage_event(
             usage.get("input_tokens", 0),
             usage.get("output_tokens", 0),
             cache_read=usage.get("cache_read_input_tokens"),
             cache_write=usage.get("cache_creation_input_tokens"),
-            cost_usd=data.get("total_cost_usd"),
+            cost_usd=cost,
             model=model,
         )
         if used is not None:
@@ -425,6 +460,7 @@ class ClaudeStreamJson(Format):
             self.failure = reason
             out.append(event("error", error=reason))
         else:
+            self.failure = None  # the last turn decides: a steer may have fixed a failed one
             self.result_text = text if isinstance(text, str) else ""
             out.append(event("result", self.result_text))
         return out

@@ -5,7 +5,8 @@ subprocess). The host does everything around it, the same way for both engines:
 
 - ``child.execute`` → accept (``{}``) and start the engine on a :class:`RunContext`; a command
   redelivered after a reconnect for a run already known is accepted again without starting
-  a second execution (idempotent by ``runId``);
+  a second execution (idempotent by ``runId``); ``run.execute`` (a top-level run an operator
+  launched) is handled the same way;
 - ``run.steer`` → queue the message on the running execution (``injected``), or answer
   ``promptRequired`` when there is no running turn; idempotent by ``requestId``;
 - ``run.cancel`` → signal the execution; if it has not stopped by its grace period it is torn
@@ -199,6 +200,8 @@ class RunnerHost:
         self.stopping = False
         self._last_command_at = 0.0
         self.client.on("child.execute", self._on_execute)
+        # An operator's launch (SPEC §9): a top-level run, executed exactly like a child.
+        self.client.on("run.execute", self._on_execute)
         self.client.on("run.cancel", self._on_cancel)
         self.client.on("run.steer", self._on_steer)
         self.client.on("lease.revoked", self._on_lease_revoked)

@@ -165,9 +165,10 @@ class ScriptedEngine:
     async def run(self, ctx: RunContext) -> Outcome:
         task, plan = split_plan(ctx.message)
         if plan is None:
-            # A root opened with a plain task grows a tree; a child asked for by some other
-            # agent without a plan just does its work.
-            top = ctx.identity is None
+            # A root opened with a plain task grows a tree (opened here, or launched by an
+            # operator through run.execute: no parent); a child asked for by some other agent
+            # without a plan just does its work.
+            top = ctx.identity is None or not ctx.identity.parent_run_id
             plan = (
                 self.root_plan(ctx.conversation_id, ctx.depth)
                 if top

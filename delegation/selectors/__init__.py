@@ -18,6 +18,7 @@ from delegation.selectors.events import (
 )
 from delegation.selectors.leases import get_lease, leases_held_by, leases_matching
 from delegation.selectors.runners import (
+    launch_choices,
     presets_of_runner,
     run_counts_of_runner,
     runner_names,
@@ -74,6 +75,7 @@ __all__ = [
     "get_run",
     "get_lease",
     "get_run_by_pk",
+    "launch_choices",
     "leases_held_by",
     "leases_matching",
     "live_descendants",

@@ -28,6 +28,26 @@ def runner_states() -> list[dict]:
     ]
 
 
+def launch_choices() -> list[dict]:
+    """Connected runners and the presets each offers: what an operator may launch."""
+    return [
+        {
+            "name": runner.name,
+            "presets": [
+                {
+                    "extensionId": p.extension_id,
+                    "name": p.name,
+                    "value": f"{p.extension_id}/{p.name}",
+                }
+                for p in runner.presets.all()
+            ],
+        }
+        for runner in Runner.objects.filter(connected=True, revoked_at__isnull=True)
+        .prefetch_related("presets")
+        .order_by("name")
+    ]
+
+
 def runner_overview() -> list[dict]:
     """Every runner with its presets, running runs and active leases, for the runners page."""
     running = dict(

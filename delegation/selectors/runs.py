@@ -174,7 +174,17 @@ def _run_row_fields():
     }
 
 
-_RUN_ROW_COLUMNS = ("pk", "depth", "status", "done", "cancelled", "profile", "error", "parent_id")
+_RUN_ROW_COLUMNS = (
+    "pk",
+    "depth",
+    "status",
+    "done",
+    "cancelled",
+    "profile",
+    "error",
+    "parent_id",
+    "via",
+)
 
 
 def subtree_row_values(runs):

@@ -22,6 +22,7 @@ TREE_ROW_FIELDS = (
     "finished_at",
     "last_sequence",
     "refused_spawns",
+    "via",
     "cancel_requested_at",
     "lease_id",
 )
@@ -106,6 +107,7 @@ def tree_rows(top: Run, only_pks=None) -> list[dict]:
             "finishedAt": millis(row["finished_at"]),
             "events": row["last_sequence"],
             "refusedSpawns": row["refused_spawns"],
+            "via": row["via"],
             "cancelRequested": row["cancel_requested_at"] is not None,
             "underLease": row["lease_id"] is not None,
             "leases": leases.get(row["pk"], []),

@@ -20,6 +20,8 @@ class Connection:
     generation: int = 0
     declared_depth: int | None = None
     channel_name: str = ""
+    # The server's address as this socket reached it (http[s]://host), for run tokens' url.
+    base_url: str = ""
 
 
 def lock_run(pk: int) -> Run:

@@ -1,8 +1,9 @@
 """Children (SPEC §6): the caller's authority, start (caps, narrowing, resume), and the read,
 cancel, steer and lease release of children a caller owns.
 
-Typed on purpose: the runner socket (``delegation.rpc``) and any other transport call these
-with a ``Connection`` and validated ``Params``; nothing here knows about JSON-RPC framing.
+Typed on purpose: the runner socket (``delegation.rpc``) and the MCP server
+(``delegation.mcp``) call these with a ``Caller`` and validated ``Params``; nothing here knows
+about JSON-RPC framing or MCP.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from delegation.models import (
     Run,
     Runner,
     RunStatus,
+    RunVia,
     Session,
 )
 from delegation.selectors import RESULT_RELATED, events_after, snapshot
@@ -51,6 +53,29 @@ from delegation.services.operator import (
 from delegation.services.outbox import enqueue
 from delegation.services.runners import Connection, current_runner
 from delegation.wire import REASONING_EFFORTS, Params, Request, canonical, confine_cwd, parse_model
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who calls a child method: a runner's connection, and how the call arrived.
+
+    The runner socket builds one from its connection. The MCP server builds one from a run
+    token: the run's runner on its current connection, ``via`` mcp, and the level the agent
+    declared (header or ``_meta``), which may raise the run's recorded level, never lower it.
+    """
+
+    conn: Connection
+    via: str = RunVia.RUNNER.value
+    declared_depth: int | None = None
+
+    def level_of(self, run: Run) -> int:
+        if self.declared_depth is None:
+            return run.depth
+        return max(run.depth, self.declared_depth)
+
+
+def _as_caller(caller: Caller | Connection) -> Caller:
+    return caller if isinstance(caller, Caller) else Caller(conn=caller)
 
 
 @dataclass
@@ -115,10 +140,10 @@ def _child_authority(conn: Connection, params: Params, *, starting: bool) -> Aut
     return Authority(runner=runner, parent=parent, lease=lease)
 
 
-def _owned_child(conn: Connection, params: Params) -> tuple[Authority, Run]:
+def _owned_child(caller: Caller, params: Params) -> tuple[Authority, Run]:
     """The child run a read, cancel or steer is about; −32003 for anything not owned."""
     params.require("extension_id", "generation", "child_id")
-    auth = _child_authority(conn, params, starting=False)
+    auth = _child_authority(caller.conn, params, starting=False)
     extension = ExtensionPreset.objects.filter(
         runner=auth.runner, extension_id=params.extension_id
     ).values_list("generation", flat=True)
@@ -150,6 +175,9 @@ def _owned_child(conn: Connection, params: Params) -> tuple[Authority, Run]:
                 NOT_OWNED, f"childRunId: {params.child_run_id!r} is not a run of that child"
             )
         return auth, chosen
+    if len(runs) > 1 and caller.via == RunVia.MCP.value:
+        # An agent names a child by childId only (SPEC §9): it means the child's latest run.
+        return auth, runs[-1]
     if len(runs) > 1:
         raise RpcError(
             INVALID_PARAMS,
@@ -220,28 +248,28 @@ class _Refusal:
     error: RpcError
 
 
-def start_child(conn: Connection, params: Params) -> dict:
+def start_child(caller: Caller | Connection, params: Params) -> dict:
     """Admit a child under the caller's run or lease and queue its child.execute."""
-    outcome = _child_start(conn, params)
+    outcome = _child_start(_as_caller(caller), params)
     if isinstance(outcome, _Refusal):
         # Committed: the refusal's event is on the parent's stream for the dashboard.
         raise outcome.error
     return outcome
 
 
-def _child_start(conn: Connection, params: Params):
+def _child_start(caller: Caller, params: Params):
     try:
         with transaction.atomic():
-            return _child_start_locked(conn, params)
+            return _child_start_locked(caller, params)
     except IntegrityError:
         # Two identical child.start calls raced past the idempotency check on a backend
         # without a parent-row lock; the winner is stored, so answer as a replay.
         with transaction.atomic():
-            return _child_start_locked(conn, params)
+            return _child_start_locked(caller, params)
 
 
-def _child_start_locked(conn: Connection, params: Params):
-    auth = _child_authority(conn, params, starting=True)
+def _child_start_locked(caller: Caller, params: Params):
+    auth = _child_authority(caller.conn, params, starting=True)
     runner, parent, lease = auth.runner, auth.parent, auth.lease
     if parent is None:
         raise RpcError(NO_SUCH_RUN, "runId: the lease has no parent run")
@@ -278,12 +306,13 @@ def _child_start_locked(conn: Connection, params: Params):
             )
         return snapshot(previous)
     max_depth = settings.DELEGATION_MAX_DEPTH
-    if not depthlib.may_spawn(parent.depth, max_depth):
-        message = depthlib.refusal_message(parent.depth, max_depth)
+    level = caller.level_of(parent)
+    if not depthlib.may_spawn(level, max_depth):
+        message = depthlib.refusal_message(level, max_depth)
         store_server_event(
             parent,
             "delegation-refused",
-            actor=f"runner:{runner.name}",
+            actor=f"{caller.via}:{runner.name}",
             text=message,
             error=message,
             tool_call_id=params.tool_call_id,
@@ -330,7 +359,7 @@ def _child_start_locked(conn: Connection, params: Params):
             parent_run=parent,
             expires_at=now + timedelta(seconds=settings.LEASE_TTL_SECONDS),
         )
-    child_depth = depthlib.child_level(parent.depth)
+    child_depth = depthlib.child_level(level)
     if session is None:
         session = Session.objects.create(
             conversation_id=f"c-{uuid.uuid4().hex}",
@@ -362,6 +391,7 @@ def _child_start_locked(conn: Connection, params: Params):
         options=options,
         context_mode=request.mode,
         cwd=cwd,
+        via=caller.via,
         created_at=now,
         updated_at=now,
     )
@@ -420,23 +450,23 @@ def _resumed_session(runner: Runner, parent: Run, params: Params, request: Reque
 # --- child.read / cancel / steer / lease.release ------------------------------------------
 
 
-def read_child(conn: Connection, params: Params) -> dict:
+def read_child(caller: Caller | Connection, params: Params) -> dict:
     with transaction.atomic():
-        _auth, child = _owned_child(conn, params)
+        _auth, child = _owned_child(_as_caller(caller), params)
         events = events_after(child, params.after or 0, settings.CHILD_READ_PAGE)
         return snapshot(child, events)
 
 
-def cancel_child(conn: Connection, params: Params) -> dict:
+def cancel_child(caller: Caller | Connection, params: Params) -> dict:
     with transaction.atomic():
-        auth, child = _owned_child(conn, params)
+        auth, child = _owned_child(_as_caller(caller), params)
         do_cancel_run(Actor.for_runner(auth.runner), child, reason="child.cancel")
         return snapshot(lock_run(child.pk))
 
 
-def steer_child(conn: Connection, params: Params) -> dict:
+def steer_child(caller: Caller | Connection, params: Params) -> dict:
     with transaction.atomic():
-        auth, child = _owned_child(conn, params)
+        auth, child = _owned_child(_as_caller(caller), params)
         return do_steer_run(
             Actor.for_runner(auth.runner),
             child,

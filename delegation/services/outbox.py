@@ -72,7 +72,7 @@ def _execute_answered(command: Command, result, error) -> None:
     run = lock_run(command.run_id)
     if not run.is_terminal:
         message = error.get("message", "") if isinstance(error, dict) else str(error)
-        mark_finished(run, RunStatus.FAILED, error=f"runner refused child.execute: {message}")
+        mark_finished(run, RunStatus.FAILED, error=f"runner refused {command.method}: {message}")
 
 
 def _steer_answered(command: Command, result, error) -> None:
@@ -116,5 +116,6 @@ def _steer_answered(command: Command, result, error) -> None:
 # method -> what its answer changes; the answer itself is stored on the command either way.
 ANSWER_HANDLERS = {
     Command.Method.CHILD_EXECUTE: _execute_answered,
+    Command.Method.RUN_EXECUTE: _execute_answered,
     Command.Method.RUN_STEER: _steer_answered,
 }

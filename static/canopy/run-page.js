@@ -1,7 +1,7 @@
 // The run page: identity and status, events live, the subtree, cancel confirmation that says
 // how many runs will stop, and the per-descendant cancel report.
 import { bindLiveState, el, formatDuration, now, startTicking } from "./common.js";
-import { renderEvent } from "./events.js";
+import { ToolPairs, UsageTotals, formatCost, formatCount, renderEvent } from "./events.js";
 import { LiveClient } from "./live.js";
 import { TreeView } from "./tree.js";
 
@@ -16,16 +16,39 @@ bindLiveState(live);
 startTicking();
 
 let shown = 0;
+const pairs = new ToolPairs();
+const usage = new UsageTotals();
+const usageCard = document.getElementById("usage");
+
+function showUsage() {
+  if (!usageCard || !usage.events) return;
+  usageCard.hidden = false;
+  const set = (field, value) => {
+    usageCard.querySelector(`[data-usage="${field}"]`).textContent = value;
+  };
+  set("inputTokens", formatCount(usage.inputTokens));
+  set("outputTokens", formatCount(usage.outputTokens));
+  set("cacheReadTokens", formatCount(usage.cacheReadTokens));
+  set("cacheWriteTokens", formatCount(usage.cacheWriteTokens));
+  set("costUsd", formatCost(usage.costUsd));
+  set("models", [...usage.models].join(", ") || "—");
+  set("events", String(usage.events));
+}
+
 function appendEvents(events) {
   const empty = list.querySelector("[data-role=empty]");
   if (empty) empty.remove();
   const frag = document.createDocumentFragment();
+  let counted = false;
   for (const ev of events) {
     const li = renderEvent(ev);
     if (shown) li.classList.add("fresh");
     frag.append(li);
+    pairs.place(ev, li);
+    counted = usage.add(ev) || counted;
   }
   list.append(frag);
+  if (counted) showUsage();
   shown += events.length;
   list.dataset.after = String(events[events.length - 1].sequence);
   // Events pushed with their doorbell arrive without a fresh run frame: keep the count true.

@@ -249,6 +249,8 @@ export class TreeView extends EventTarget {
       markers.append(el("span", { class: "mark mark-lease", title: `holds lease ${lease.leaseId}` }, "lease ", el("span", { "data-ttl": lease.expiresAt }, formatTTL(lease.expiresAt - now()))));
     }
     if (row.underLease) markers.append(el("span", { class: "mark", title: "runs under a lease" }, "leased"));
+    if (row.via === "mcp") markers.append(el("span", { class: "mark mark-via", title: "started by its parent agent's MCP delegate tool", "data-via": "mcp" }, "via mcp"));
+    if (row.via === "launch") markers.append(el("span", { class: "mark mark-via", title: "launched by an operator", "data-via": "launch" }, "launched"));
     if (row.refusedSpawns) markers.append(el("span", { class: "mark mark-refused", title: "spawns refused by the depth cap", "data-refused": row.refusedSpawns }, `⊘ ${row.refusedSpawns} refused`));
     if (row.cancelRequested && !TERMINAL.has(row.status)) markers.append(el("span", { class: "mark mark-cancel" }, "cancelling"));
     node.replaceChildren(

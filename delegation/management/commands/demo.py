@@ -7,6 +7,10 @@ MaxDepth, some long-running and some failing children) and supervises both. Ctrl
 SIGTERM) stops the runner first, so its running executions are reported cancelled while the
 server is still up, then the server.
 
+``--presets FILE`` runs the reference runner's ``command`` engine (``--engine acp`` for ACP
+agents) on that presets file instead of the scripted demo, e.g. the README's real-agent presets;
+``--root MESSAGE`` (with ``--root-profile``) opens a top-level run with it at start.
+
 ``--no-serve`` only prepares the account and the token (``--print-token`` prints the token
 alone on the last line, for scripts that start the processes themselves).
 """
@@ -55,6 +59,12 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=None, help="default: random")
         parser.add_argument("--no-serve", action="store_true", help="prepare only, then exit")
         parser.add_argument("--print-token", action="store_true")
+        parser.add_argument(
+            "--presets", default=None, help="run real agents from this presets file instead"
+        )
+        parser.add_argument("--engine", choices=("command", "acp"), default="command")
+        parser.add_argument("--root", action="append", default=[], metavar="MESSAGE")
+        parser.add_argument("--root-profile", default=None)
 
     def handle(self, *args, **opts):
         password = secrets.token_urlsafe(12)
@@ -92,29 +102,7 @@ class Command(BaseCommand):
             self.stderr.write(f"Port {port} is already in use; stop that server or pass --port.")
             return 1
         seed = opts["seed"] if opts["seed"] is not None else secrets.randbelow(10**6)
-        # Django-free (python -m): the runner needs none of the server's settings or secrets.
-        runner_cmd = [
-            sys.executable,
-            "-m",
-            "delegation.runner",
-            "--url",
-            f"ws://{reachable_host(host)}:{port}/ws/runner/",
-            "--engine",
-            "scripted",
-            "--demo",
-            "--demo-interval",
-            str(opts["interval"]),
-            "--demo-max-live",
-            str(opts["max_live"]),
-            "--max-depth",
-            str(settings.DELEGATION_MAX_DEPTH),
-            "--extension-id",
-            "demo",
-            "--host-instance-id",
-            f"demo-{socket.gethostname()}-{os.getpid()}"[:128],
-            "--seed",
-            str(seed),
-        ]
+        runner_cmd = runner_command(opts, seed)
         env = dict(os.environ)
         env.pop("PANDO_DELEGATION_DEPTH", None)  # demo roots are top-level
         # The runner's environment and argv stay token-free (any process of this user reads
@@ -150,9 +138,12 @@ class Command(BaseCommand):
             )
             os.close(token_fd)
             token_fd = None
-            self.stdout.write(
-                f"Serving on {host}:{port} with the demo runner (seed {seed}). Ctrl-C stops both."
+            what = (
+                f"the {opts['engine']} runner on {opts['presets']}"
+                if opts["presets"]
+                else (f"the demo runner (seed {seed})")
             )
+            self.stdout.write(f"Serving on {host}:{port} with {what}. Ctrl-C stops both.")
             while stop["signal"] is None:
                 if server.poll() is not None:
                     self.stderr.write(f"The server exited ({server.returncode}).")
@@ -170,3 +161,41 @@ class Command(BaseCommand):
                 os.close(token_fd)
             stop_server(runner)
             stop_server(server)
+
+
+def runner_command(opts, seed: int) -> list[str]:
+    """The runner's command line: the scripted demo, or real agents from a presets file."""
+    host, port = opts["host"], opts["port"]
+    # Django-free (python -m): the runner needs none of the server's settings or secrets.
+    cmd = [
+        sys.executable,
+        "-m",
+        "delegation.runner",
+        "--url",
+        f"ws://{reachable_host(host)}:{port}/ws/runner/",
+        "--host-instance-id",
+        f"demo-{socket.gethostname()}-{os.getpid()}"[:128],
+    ]
+    if opts.get("presets"):
+        cmd += ["--engine", opts.get("engine") or "command"]
+        cmd += ["--config", os.path.abspath(opts["presets"])]
+        for message in opts.get("root") or []:
+            cmd.append(f"--root={message}")  # one token: a message may start with "-"
+        if opts.get("root_profile"):
+            cmd += ["--root-profile", opts["root_profile"]]
+        return cmd
+    return cmd + [
+        "--engine",
+        "scripted",
+        "--demo",
+        "--demo-interval",
+        str(opts["interval"]),
+        "--demo-max-live",
+        str(opts["max_live"]),
+        "--max-depth",
+        str(settings.DELEGATION_MAX_DEPTH),
+        "--extension-id",
+        "demo",
+        "--seed",
+        str(seed),
+    ]

@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("delegation", "0003_steer_delivery"),
+        ("delegation", "0004_run_tokens_and_via"),
     ]
 
     operations = [

@@ -1,0 +1,48 @@
+"""Launch a top-level run on a connected runner (SPEC §9), like the dashboard's "New run".
+
+Prints the run's Result as JSON. ``--as USERNAME`` acts as that person (the operator role is
+required and checked); without it the launch is audited as ``cli:<login name>``, since whoever
+runs manage.py on the server already holds the database.
+"""
+
+import getpass
+import json
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+from delegation.errors import PermissionRefused, RpcError
+from delegation.models import AuditEntry
+from delegation.services.launch import Launch, do_launch_run
+from delegation.services.operator import Actor
+
+
+class Command(BaseCommand):
+    help = "Launch a top-level run on a connected runner with one of its presets."
+
+    def add_arguments(self, parser):
+        parser.add_argument("runner", help="the runner's name (runnerId); it must be connected")
+        parser.add_argument("profile", help="a preset the runner registered")
+        parser.add_argument("message", help="the task")
+        parser.add_argument("--extension", default=None, help="the preset's extensionId")
+        parser.add_argument("--cwd", default=None, help="working directory for the run")
+        parser.add_argument("--as", dest="username", default=None, help="act as this user")
+
+    def handle(self, *args, runner, profile, message, extension, cwd, username, **options):
+        if username is not None:
+            user = get_user_model().objects.filter(username=username, is_active=True).first()
+            if user is None:
+                raise CommandError(f"no active user named {username!r}")
+            actor = Actor.for_user(user, via=AuditEntry.Via.SYSTEM)
+        else:
+            actor = Actor.system(f"cli:{getpass.getuser()}")
+        launch = Launch(
+            runner=runner, profile=profile, message=message, extension_id=extension, cwd=cwd
+        )
+        try:
+            result = do_launch_run(actor, launch)
+        except PermissionRefused as exc:
+            raise CommandError(f"refused: {exc}") from None
+        except RpcError as exc:
+            raise CommandError(f"refused ({exc.code}): {exc.message}") from None
+        self.stdout.write(json.dumps(result, indent=2))

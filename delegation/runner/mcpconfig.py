@@ -1,0 +1,95 @@
+"""Canopy's MCP server for one child: its run token, and the per-child configuration file.
+
+A runner asks the server for a run token per child (``run.mcpToken``, SPEC §9) and hands it to
+the agent only inside the agent's MCP configuration: a header in a file only the agent may read
+(the ``command`` engine's ``{mcpConfig}``), or the ``mcpServers`` of an ACP ``session/new``.
+The token acts as the run, so it is never put on argv, in an event or in a log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import tempfile
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from delegation import depth as depthlib
+from delegation.client import McpToken
+
+SERVER_NAME = "canopy"
+FILE_NAME = "mcp.json"
+
+# Tests (and hosts with their own token source) may replace how a run's token is obtained.
+McpProvider = Callable[[Any], Awaitable[McpToken | Mapping[str, str] | None]]
+
+
+async def run_token(ctx) -> McpToken:
+    """The run token of ``ctx``'s run, from the server the runner is connected to."""
+    return await ctx.client.mcp_token(ctx.run_id)
+
+
+def as_token(found: McpToken | Mapping[str, str]) -> McpToken:
+    if isinstance(found, McpToken):
+        return found
+    return McpToken(url=found["url"], token=found["token"], expires_at=found.get("expiresAt", ""))
+
+
+def redact(text: str, secret: str | None) -> str:
+    """``text`` with the run token replaced: an agent that prints its own MCP configuration
+    (a debug mode, a crash dump) must not put the token into an event or the runner's log."""
+    if secret and secret in text:
+        return text.replace(secret, "[run token]")
+    return text
+
+
+def headers(token: McpToken, level: int) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token.token}", depthlib.HEADER: str(level)}
+
+
+# How each CLI names a streamable-HTTP server in its ``mcpServers``: Claude Code reads
+# ``type: http`` + ``url``; Gemini CLI reads ``httpUrl`` (its ``url`` means SSE).
+SHAPES = ("claude", "gemini")
+
+
+def servers_config(token: McpToken, level: int, shape: str = "claude") -> dict:
+    """The ``{"mcpServers": ...}`` document the agent reads: Canopy's server over streamable
+    HTTP, as this child at ``level``."""
+    if shape == "gemini":
+        entry = {"httpUrl": token.url, "headers": headers(token, level)}
+    else:
+        entry = {"type": "http", "url": token.url, "headers": headers(token, level)}
+    return {"mcpServers": {SERVER_NAME: entry}}
+
+
+class McpConfigFile:
+    """A private directory holding one ``mcp.json`` (mode 0600), removed by :meth:`remove`.
+
+    With ``user`` (the agent runs as another account) the directory and file are handed to
+    that account, so the agent can read them and no one else but root can.
+    """
+
+    def __init__(
+        self, token: McpToken, level: int, *, user: str | None = None, shape: str = "claude"
+    ):
+        self.directory = tempfile.mkdtemp(prefix="canopy-mcp-")  # mode 0700
+        self.path = os.path.join(self.directory, FILE_NAME)
+        try:
+            body = json.dumps(servers_config(token, level, shape), indent=2).encode("utf-8")
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(body)
+            if user:
+                account = pwd.getpwnam(user)
+                os.chown(self.directory, account.pw_uid, account.pw_gid)
+                os.chown(self.path, account.pw_uid, account.pw_gid)
+        except BaseException:
+            self.remove()
+            raise
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(self.directory)

@@ -1,0 +1,98 @@
+"""Helpers for the MCP tests: a runner on a live daphne, run tokens, and the official client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import httpx2
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from delegation.client import Extension, Preset, RunnerClient
+
+EXTENSION = Extension(
+    "ext",
+    1,
+    [Preset("worker", system_prompt="You work."), Preset("reviewer", system_prompt="Review.")],
+)
+
+
+class LiveRunner:
+    """A runner (the SDK) on a live server that records every command it is sent."""
+
+    def __init__(self, server, token: str, **kw):
+        self.server = server
+        self.commands: list[tuple[str, dict]] = []
+        self.client = RunnerClient(server.ws_url, token, extensions=[EXTENSION], depth=None, **kw)
+        for method in ("child.execute", "run.execute", "run.cancel", "run.steer"):
+            self.client.on(method, self._recorder(method))
+
+    def _recorder(self, method):
+        async def handle(params, client):
+            self.commands.append((method, dict(params)))
+            if method == "run.steer":
+                return {"outcome": "injected"}
+            return {}
+
+        return handle
+
+    async def __aenter__(self) -> LiveRunner:
+        await self.client.connect()
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.client.close()
+
+    async def open(self, run_id: str, **kw):
+        return await self.client.open_run(f"conv-{run_id}", run_id, extension_id="ext", **kw)
+
+    async def run_token(self, run_id: str) -> dict:
+        return await self.client.call("run.mcpToken", {"runId": run_id})
+
+    async def wait_command(self, method: str, run_id: str, timeout: float = 10) -> dict:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            for seen, params in self.commands:
+                if seen == method and params.get("identity", {}).get("runId") == run_id:
+                    return params
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"no {method} for {run_id}; got {self.commands}")
+
+
+@contextlib.asynccontextmanager
+async def mcp_session(url: str, token: str | None, **headers: str) -> AsyncIterator[ClientSession]:
+    """The official MCP client over streamable HTTP, with the run token as bearer."""
+    sent = {key.replace("_", "-"): value for key, value in headers.items()}
+    if token is not None:
+        sent["Authorization"] = f"Bearer {token}"
+    async with (
+        create_mcp_http_client(headers=sent) as http,
+        streamable_http_client(url, http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+async def post_status(url: str, token: str | None) -> int:
+    """The HTTP status of a bare MCP initialize POST (no SDK), for 401 checks."""
+    headers = {"Accept": "application/json, text/event-stream"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"},
+        },
+    }
+    async with httpx2.AsyncClient(timeout=10) as http:
+        response = await http.post(url, json=body, headers=headers)
+        return response.status_code

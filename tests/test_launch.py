@@ -1,0 +1,158 @@
+"""Launch (SPEC §9): an operator starts a top-level run on a connected runner, through the
+REST API, ``manage.py launch`` and the reference runner's handling of ``run.execute``."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+
+import httpx2
+import pytest
+from asgiref.sync import sync_to_async
+from django.core.management import CommandError, call_command
+from django.db import connections
+
+from delegation.models import AuditEntry, Command, Run, RunVia
+from delegation.runner.host import RunnerHost
+from delegation.runner.scripted import ScriptedConfig, ScriptedEngine
+from delegation.services import tokens
+from tests.live_server import daphne_factory  # noqa: F401  (fixture)
+from tests.mcp_tools import LiveRunner
+from tests.personas import api_token
+
+FAST = {"backoff_initial": 0.05, "backoff_max": 0.5, "call_timeout": 30}
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+
+
+@pytest.fixture(autouse=True)
+async def close_worker_connections():
+    yield
+    await sync_to_async(connections.close_all)()
+
+
+@pytest.fixture
+def server(daphne_factory):  # noqa: F811
+    # Commands queued by this test process (manage.py launch) reach the server's socket by
+    # its outbox poll, not a doorbell: the in-memory channel layer is per process.
+    return daphne_factory(OUTBOX_RESEND_SECONDS="0.2")
+
+
+@pytest.fixture
+def runner_token(transactional_db):
+    return tokens.create_runner("launch-runner")[1]
+
+
+async def _post(server, token: str, body: dict) -> httpx2.Response:
+    async with httpx2.AsyncClient(base_url=server.http_url, timeout=10) as http:
+        return await http.post("/api/runs", json=body, headers={"Authorization": f"Bearer {token}"})
+
+
+async def test_it_launches_a_run_at_depth_zero_and_sends_run_execute(
+    server, runner_token, operator
+):
+    token = await sync_to_async(api_token)(operator)
+    async with LiveRunner(server, runner_token) as live:
+        response = await _post(
+            server,
+            token,
+            {"runner": "launch-runner", "profile": "worker", "message": "build it"},
+        )
+        assert response.status_code == 201, response.text
+        result = response.json()
+        execute = await live.wait_command("run.execute", result["runId"])
+    assert (result["depth"], result["status"], result["parentRunId"]) == (0, "running", "")
+    assert (result["extensionId"], result["profile"], result["events"]) == ("ext", "worker", [])
+    assert execute["depth"] == 0 and execute["request"]["message"] == "build it"
+    assert execute["preset"] == {"name": "worker", "systemPrompt": "You work."}
+    assert execute["identity"]["conversationId"] == result["conversationId"]
+    run = await sync_to_async(Run.objects.get)(run_id=result["runId"])
+    assert (run.via, run.depth, run.parent_id) == (RunVia.LAUNCH, 0, None)
+    entry = await sync_to_async(AuditEntry.objects.get)(action="launch", target_id=run.run_id)
+    assert (entry.actor, entry.via, entry.outcome) == (
+        f"user:{operator.username}",
+        "api",
+        "launched",
+    )
+
+
+async def test_it_refuses_a_runner_offline_or_without_the_preset_with_409(
+    server, runner_token, operator, viewer
+):
+    token = await sync_to_async(api_token)(operator)
+    offline = await _post(
+        server, token, {"runner": "launch-runner", "profile": "worker", "message": "x"}
+    )
+    assert offline.status_code == 409
+    assert "not connected" in offline.json()["error"]["message"]
+    async with LiveRunner(server, runner_token):
+        missing = await _post(
+            server, token, {"runner": "launch-runner", "profile": "nope", "message": "x"}
+        )
+        unknown = await _post(
+            server, token, {"runner": "ghost", "profile": "worker", "message": "x"}
+        )
+        blank = await _post(
+            server, token, {"runner": "launch-runner", "profile": "worker", "message": " "}
+        )
+        extra = await _post(
+            server,
+            token,
+            {"runner": "launch-runner", "profile": "worker", "message": "x", "budget": 5},
+        )
+        as_viewer = await _post(
+            server,
+            await sync_to_async(api_token)(viewer),
+            {"runner": "launch-runner", "profile": "worker", "message": "x"},
+        )
+    assert missing.status_code == 409 and "no preset 'nope'" in missing.json()["error"]["message"]
+    assert unknown.status_code == 409 and "ghost" in unknown.json()["error"]["message"]
+    assert blank.status_code == 422 and "message" in blank.json()["error"]["message"]
+    assert extra.status_code == 422 and "budget" in extra.json()["error"]["message"]
+    assert as_viewer.status_code == 403
+    assert await sync_to_async(Run.objects.count)() == 0
+    assert await sync_to_async(Command.objects.filter(method="run.execute").count)() == 0
+    outcomes = await sync_to_async(list)(
+        AuditEntry.objects.filter(action="launch").values_list("outcome", flat=True)
+    )
+    # Offline, no preset, unknown runner, viewer; malformed bodies never reach the service.
+    assert len(outcomes) == 4 and all(o.startswith("refused") for o in outcomes)
+
+
+async def test_it_launches_from_the_command_line(server, runner_token):
+    async with LiveRunner(server, runner_token) as live:
+        out = io.StringIO()
+        await sync_to_async(call_command)(
+            "launch", "launch-runner", "reviewer", "review PR 12", stdout=out
+        )
+        result = json.loads(out.getvalue())
+        await live.wait_command("run.execute", result["runId"])
+        with pytest.raises(CommandError, match="no preset 'ghost'"):
+            await sync_to_async(call_command)("launch", "launch-runner", "ghost", "x")
+    assert result["profile"] == "reviewer" and result["depth"] == 0
+
+
+async def test_it_runs_a_launched_run_on_the_reference_runner(server, runner_token, operator):
+    token = await sync_to_async(api_token)(operator)
+    engine = ScriptedEngine(ScriptedConfig(pace=0.01, steps=1, fanout=1, depth=1))
+    async with RunnerHost(server.ws_url, runner_token, engine, client_options=FAST):
+        response = await _post(
+            server,
+            token,
+            {"runner": "launch-runner", "profile": "planner", "message": "plan the release"},
+        )
+        assert response.status_code == 201, response.text
+        run_id = response.json()["runId"]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while loop.time() < deadline:
+            run = await sync_to_async(Run.objects.get)(run_id=run_id)
+            if run.done:
+                break
+            await asyncio.sleep(0.1)
+    children = await sync_to_async(list)(
+        Run.objects.filter(parent=run).values_list("depth", flat=True)
+    )
+    assert run.status == "succeeded", (run.status, run.error)
+    assert children == [1]
