@@ -28,6 +28,7 @@ from delegation.models import (
     Lease,
     Run,
     Runner,
+    RunToken,
     Session,
     SteerReceipt,
 )
@@ -180,7 +181,7 @@ class RunAdmin(RoleAdmin):
         "created_at",
         "finished_at",
     )
-    list_filter = ("status", "depth", "runner", "profile", "done", "cancelled")
+    list_filter = ("status", "depth", "runner", "profile", "via", "done", "cancelled")
     search_fields = (
         "run_id",
         "session__conversation_id",
@@ -339,6 +340,25 @@ class ApiTokenAdmin(RoleAdmin):
     search_fields = ("user__username", "name", "token_prefix")
     exclude = ("token_hash",)
     readonly_fields = [f.name for f in ApiToken._meta.fields if f.name != "token_hash"]
+
+    def has_module_permission(self, request):
+        return roles.can_admin(request.user)
+
+    def has_view_permission(self, request, obj=None):
+        return roles.can_admin(request.user)
+
+
+@admin.register(RunToken)
+class RunTokenAdmin(RoleAdmin):
+    """Run tokens for /mcp: which run, when issued and until when; never the secret."""
+
+    list_display = ("run", "token_prefix", "created_at", "expires_at")
+    search_fields = ("run__run_id", "token_prefix")
+    list_select_related = ("run",)
+    exclude = ("token_hash", "runner_token_hash")
+    readonly_fields = [
+        f.name for f in RunToken._meta.fields if f.name not in ("token_hash", "runner_token_hash")
+    ]
 
     def has_module_permission(self, request):
         return roles.can_admin(request.user)

@@ -14,7 +14,7 @@ from asgiref.sync import sync_to_async
 
 from delegation import selectors
 from delegation.errors import DEPTH_LIMIT, NOT_OWNED
-from delegation.models import Event, Run, RunVia
+from delegation.models import AuditEntry, Event, Run, RunVia
 from delegation.services import tokens
 from tests.live_server import daphne_factory, daphne_server  # noqa: F401  (fixtures)
 from tests.mcp_tools import LiveRunner, mcp_session, post_status
@@ -227,6 +227,13 @@ async def test_it_reads_steers_and_cancels_its_own_child(live):
         raise AssertionError(f"no run.cancel for {run_id}: {live.commands}")
     stored = await sync_to_async(_run)(run_id)
     assert stored.cancel_requested_at is not None
+    audited = await sync_to_async(list)(
+        AuditEntry.objects.filter(target_id=run_id).values_list("action", "actor", "via")
+    )
+    assert sorted(audited) == [
+        ("cancel", "mcp:mcp-runner", "mcp"),
+        ("steer", "mcp:mcp-runner", "mcp"),
+    ]
 
 
 async def test_it_answers_a_waiting_read_as_soon_as_an_event_commits(live):
