@@ -29,6 +29,7 @@ from delegation.models import (
     Lease,
     Run,
     Runner,
+    RunToken,
     Session,
     SteerReceipt,
     Webhook,
@@ -185,7 +186,7 @@ class RunAdmin(RoleAdmin):
         "created_at",
         "finished_at",
     )
-    list_filter = ("status", "depth", "runner", "profile", "done", "cancelled")
+    list_filter = ("status", "depth", "runner", "profile", "via", "done", "cancelled")
     search_fields = (
         "run_id",
         "session__conversation_id",
@@ -352,7 +353,7 @@ class ApiTokenAdmin(RoleAdmin):
         return roles.can_admin(request.user)
 
 
-# --- Alerts: webhooks and their deliveries (admins only) ---------------------------------------
+# --- Admin-only records: run tokens, webhooks and their deliveries ---------------------------
 
 
 class AdminOnly(RoleAdmin):
@@ -366,6 +367,19 @@ class AdminOnly(RoleAdmin):
 def _field_error(exc: RpcError) -> forms.ValidationError:
     # The services name the field ("url: ..."); the form shows the message under that field.
     return forms.ValidationError(exc.message.partition(": ")[2] or exc.message)
+
+
+@admin.register(RunToken)
+class RunTokenAdmin(AdminOnly):
+    """Run tokens for /mcp: which run, when issued and until when; never the secret."""
+
+    list_display = ("run", "token_prefix", "created_at", "expires_at")
+    search_fields = ("run__run_id", "token_prefix")
+    list_select_related = ("run",)
+    exclude = ("token_hash", "runner_token_hash")
+    readonly_fields = [
+        f.name for f in RunToken._meta.fields if f.name not in ("token_hash", "runner_token_hash")
+    ]
 
 
 class WebhookForm(forms.ModelForm):

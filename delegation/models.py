@@ -389,6 +389,7 @@ class AuditEntry(models.Model):
 
     class Via(models.TextChoices):
         RUNNER = "runner"
+        MCP = "mcp"
         DASHBOARD = "dashboard"
         ADMIN = "admin"
         API = "api"

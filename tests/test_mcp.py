@@ -14,7 +14,7 @@ from asgiref.sync import sync_to_async
 
 from delegation import selectors
 from delegation.errors import DEPTH_LIMIT, NOT_OWNED
-from delegation.models import Event, Run, RunVia
+from delegation.models import AuditEntry, Event, Run, RunVia
 from delegation.services import tokens
 from tests.live_server import daphne_factory, daphne_server  # noqa: F401  (fixtures)
 from tests.mcp_tools import LiveRunner, mcp_session, post_status
@@ -227,6 +227,13 @@ async def test_it_reads_steers_and_cancels_its_own_child(live):
         raise AssertionError(f"no run.cancel for {run_id}: {live.commands}")
     stored = await sync_to_async(_run)(run_id)
     assert stored.cancel_requested_at is not None
+    audited = await sync_to_async(list)(
+        AuditEntry.objects.filter(target_id=run_id).values_list("action", "actor", "via")
+    )
+    assert sorted(audited) == [
+        ("cancel", "mcp:mcp-runner", "mcp"),
+        ("steer", "mcp:mcp-runner", "mcp"),
+    ]
 
 
 async def test_it_answers_a_waiting_read_as_soon_as_an_event_commits(live):
@@ -372,3 +379,52 @@ async def test_it_waits_for_a_delegated_child_to_finish(live):
     await finisher
     result = answer.structured_content
     assert (result["done"], result["status"], result["output"]) == (True, "succeeded", "42")
+
+
+async def test_it_serves_mcp_under_a_server_that_sends_asgi_lifespan(
+    runner_token, transactional_db
+):
+    """uvicorn sends lifespan (daphne does not): the gate starts the SDK's session manager at
+    startup and stops it at shutdown, and /mcp works in between."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from canopy import asgi
+
+    lifespan_sent: list[str] = []
+
+    async def recording(scope, receive, send):
+        async def record(message):
+            if scope["type"] == "lifespan":
+                lifespan_sent.append(message["type"])
+            await send(message)
+
+        await asgi.application(scope, receive, record)
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(recording, lifespan="on", log_level="warning"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])))
+    thread.start()
+    try:
+        while not server.started:
+            await asyncio.sleep(0.05)
+
+        class Where:
+            ws_url = f"ws://127.0.0.1:{port}/ws/runner/"
+
+        async with LiveRunner(Where, runner_token) as live:
+            await live.open("root-1")
+            issued = await live.run_token("root-1")
+            async with mcp_session(issued["url"], issued["token"]) as mcp:
+                listed = await mcp.list_tools()
+    finally:
+        server.should_exit = True
+        await asyncio.to_thread(thread.join, 20)
+        sock.close()
+    assert issued["url"] == f"http://127.0.0.1:{port}/mcp"
+    assert {tool.name for tool in listed.tools} == TOOLS
+    assert lifespan_sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]

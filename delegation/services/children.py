@@ -458,17 +458,20 @@ def read_child(caller: Caller | Connection, params: Params) -> dict:
 
 
 def cancel_child(caller: Caller | Connection, params: Params) -> dict:
+    caller = _as_caller(caller)
     with transaction.atomic():
-        auth, child = _owned_child(_as_caller(caller), params)
-        do_cancel_run(Actor.for_runner(auth.runner), child, reason="child.cancel")
+        auth, child = _owned_child(caller, params)
+        reason = "child.cancel" if caller.via == RunVia.RUNNER.value else "cancel_child (mcp)"
+        do_cancel_run(Actor.for_runner(auth.runner, caller.via), child, reason=reason)
         return snapshot(lock_run(child.pk))
 
 
 def steer_child(caller: Caller | Connection, params: Params) -> dict:
+    caller = _as_caller(caller)
     with transaction.atomic():
-        auth, child = _owned_child(_as_caller(caller), params)
+        auth, child = _owned_child(caller, params)
         return do_steer_run(
-            Actor.for_runner(auth.runner),
+            Actor.for_runner(auth.runner, caller.via),
             child,
             request_id=params.request_id,
             message=params.message,

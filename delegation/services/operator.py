@@ -48,8 +48,9 @@ class Actor:
         return cls(label=f"user:{user.get_username()}", via=via, user=user)
 
     @classmethod
-    def for_runner(cls, runner: Runner) -> Actor:
-        return cls(label=f"runner:{runner.name}", via=AuditEntry.Via.RUNNER, runner_pk=runner.pk)
+    def for_runner(cls, runner: Runner, via: str = AuditEntry.Via.RUNNER) -> Actor:
+        """The runner itself, or (``via`` mcp) an agent it hosts, holding a run token."""
+        return cls(label=f"{via}:{runner.name}", via=via, runner_pk=runner.pk)
 
     @classmethod
     def system(cls, why: str = "system") -> Actor:
