@@ -61,6 +61,7 @@ from delegation.protocol import (
 __all__ = [
     "AdmissionRefused",
     "AuthenticationFailed",
+    "BudgetExhausted",
     "ClientClosed",
     "ClientError",
     "ClientTimeout",
@@ -173,6 +174,10 @@ class ReleaseUnconfirmed(RpcError):
     """−32016: children under the lease have not confirmed yet; call release again."""
 
 
+class BudgetExhausted(RpcError):
+    """−32017: a budget of the caller or an ancestor allows no more (SPEC §10)."""
+
+
 _ERROR_TYPES: dict[int, type[RpcError]] = {
     codes.NOT_REGISTERED: NotRegistered,
     codes.STALE_CONNECTION: StaleConnection,
@@ -186,6 +191,7 @@ _ERROR_TYPES: dict[int, type[RpcError]] = {
     codes.PARENT_NOT_RUNNING: ParentNotRunning,
     codes.LEASE_GONE: LeaseGone,
     codes.RELEASE_UNCONFIRMED: ReleaseUnconfirmed,
+    codes.BUDGET_EXHAUSTED: BudgetExhausted,
 }
 
 

@@ -39,6 +39,11 @@ def store_server_event(run: Run, kind: str, *, actor: str = "", **fields) -> Eve
 
 
 def mark_finished(run: Run, status: str, *, error: str = "", output: str | None = None):
+    """Every terminal transition goes through here, and so reaches the rollups (run the caller
+    inside ``rollups.batch()`` when it locks other runs afterwards)."""
+    from delegation.services import rollups
+
+    old = run.status
     run.status = status
     run.done = True
     run.cancelled = status == RunStatus.CANCELLED
@@ -58,4 +63,5 @@ def mark_finished(run: Run, status: str, *, error: str = "", output: str | None 
             "updated_at",
         ]
     )
+    rollups.status_changed(run, old, status)
     notify.run_changed(run)
