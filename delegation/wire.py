@@ -252,17 +252,19 @@ class Options(Strict):
         return value
 
 
-# Floats that JSON can carry and money can be: finite, never negative.
-Money = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# Finite, never negative, and bounded so that sums stay inside a 64-bit column (costs are
+# kept in nano-dollars).
+Money = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=0, le=10**15)]
 
 
 class Usage(Strict):
     """SPEC §10: what a ``usage`` event carries in ``input``; nothing else."""
 
-    input_tokens: NonNegative = Field(alias="inputTokens")
-    output_tokens: NonNegative = Field(alias="outputTokens")
-    cache_read_tokens: NonNegative = Field(default=0, alias="cacheReadTokens")
-    cache_write_tokens: NonNegative = Field(default=0, alias="cacheWriteTokens")
+    input_tokens: Count = Field(alias="inputTokens")
+    output_tokens: Count = Field(alias="outputTokens")
+    cache_read_tokens: Count = Field(default=0, alias="cacheReadTokens")
+    cache_write_tokens: Count = Field(default=0, alias="cacheWriteTokens")
     cost_usd: Money = Field(default=0.0, alias="costUsd")
     model: str = Field(default=None)
 
@@ -270,11 +272,11 @@ class Usage(Strict):
 class BudgetLimits(Strict):
     """SPEC §10 budget of a run's subtree; an omitted limit is unbounded."""
 
-    max_runs: NonNegative = Field(default=None, alias="maxRuns")
-    max_live: NonNegative = Field(default=None, alias="maxLive")
-    max_tokens: NonNegative = Field(default=None, alias="maxTokens")
+    max_runs: Count = Field(default=None, alias="maxRuns")
+    max_live: Count = Field(default=None, alias="maxLive")
+    max_tokens: Count = Field(default=None, alias="maxTokens")
     max_cost_usd: Money = Field(default=None, alias="maxCostUsd")
-    max_seconds: Positive = Field(default=None, alias="maxSeconds")
+    max_seconds: Annotated[int, Field(gt=0, le=10**12)] = Field(default=None, alias="maxSeconds")
 
 
 class Profile(Strict):

@@ -58,6 +58,7 @@ from delegation.selectors.trees import (
     tree_summaries,
     trees_matching,
 )
+from delegation.selectors.usage import pop_usage, usage_of_run, usage_shape, usage_values
 
 __all__ = [
     "EVENT_FIELDS",
@@ -72,6 +73,10 @@ __all__ = [
     "event_wire",
     "events_after",
     "get_run",
+    "pop_usage",
+    "usage_of_run",
+    "usage_shape",
+    "usage_values",
     "get_lease",
     "get_run_by_pk",
     "leases_held_by",

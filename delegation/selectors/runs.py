@@ -6,6 +6,7 @@ from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
 
 from delegation.models import Event, Run, RunStatus, Session, SteerReceipt
 from delegation.selectors.events import millis
+from delegation.selectors.usage import usage_values
 
 RESULT_RELATED = ("session", "session__parent", "runner", "parent")
 
@@ -61,7 +62,9 @@ def get_run_by_pk(run_pk: int) -> Run | None:
 def run_for_detail(run_id: str) -> Run | None:
     """One run with everything its REST detail shows, in one query."""
     return (
-        Run.objects.select_related(*RESULT_RELATED, "root", "lease", "lease__runner")
+        Run.objects.select_related(
+            *RESULT_RELATED, "root", "lease", "lease__runner", "rollup", "budget"
+        )
         .filter(run_id=run_id)
         .first()
     )
@@ -183,7 +186,7 @@ def subtree_row_values(runs):
     parentRunId, parentConversationId and rootRunId are filled in from the rows themselves
     by the caller, which saves three self-joins on a 10,000-run tree.
     """
-    return runs.values(*_RUN_ROW_COLUMNS, **_run_row_fields())
+    return runs.values(*_RUN_ROW_COLUMNS, **_run_row_fields(), **usage_values())
 
 
 def run_rows(runs):
@@ -196,6 +199,7 @@ def run_rows(runs):
         parentRunId=F("parent__run_id"),
         rootRunId=F("root__run_id"),
         **_run_row_fields(),
+        **usage_values(),
     )
 
 
