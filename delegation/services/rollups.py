@@ -18,7 +18,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Case, F, Value, When
+from django.db.models import BigIntegerField, Case, F, Value, When
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -137,7 +137,7 @@ def usage_added(run: Run, totals: dict[str, int]) -> None:
     with _change() as pending:
         chain = chain_of(run)
         for figure, delta in totals.items():
-            if not delta:
+            if not delta or figure not in USAGE_COLUMNS:
                 continue
             own, sub = USAGE_COLUMNS[figure]
             pending.own[run.pk][own] += delta
@@ -177,7 +177,7 @@ def _apply(pending: _Pending) -> None:
                 if delta:
                     own_columns[column].append(When(pk=pk, then=F(column) + delta))
         for column, whens in own_columns.items():
-            changes[column] = Case(*whens, default=F(column))
+            changes[column] = Case(*whens, default=F(column), output_field=BigIntegerField())
         if not changes:
             continue
         changes["updated_at"] = now
