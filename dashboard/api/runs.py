@@ -362,6 +362,11 @@ class ExportParams(Schema):
     subtree: QueryBool = Field(
         default=False, description="Also every run below it (each line names its runId)"
     )
+    usage: QueryBool = Field(
+        default=False,
+        description="After the events, one line per run with its rollup and budget: "
+        '`{"runId", "record": "usage", "usage": {own, subtree}, "budget": {...} | null}`',
+    )
 
 
 @router.get(
@@ -384,7 +389,7 @@ class ExportParams(Schema):
 def export_events(request, runId: str, params: Query[ExportParams]):  # noqa: N803
     run = find_run(runId)
     runs = selectors.subtree_run_ids(run) if params.subtree else {run.pk: run.run_id}
-    return export.ndjson_response(request, runs, filename=f"{run.pk}.ndjson")
+    return export.ndjson_response(request, runs, filename=f"{run.pk}.ndjson", usage=params.usage)
 
 
 @router.get(

@@ -58,7 +58,13 @@ from delegation.selectors.trees import (
     tree_summaries,
     trees_matching,
 )
-from delegation.selectors.usage import pop_usage, usage_of_run, usage_shape, usage_values
+from delegation.selectors.usage import (
+    pop_usage,
+    usage_of_run,
+    usage_rows,
+    usage_shape,
+    usage_values,
+)
 
 __all__ = [
     "EVENT_FIELDS",
@@ -75,6 +81,7 @@ __all__ = [
     "get_run",
     "pop_usage",
     "usage_of_run",
+    "usage_rows",
     "usage_shape",
     "usage_values",
     "get_lease",

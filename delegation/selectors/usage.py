@@ -153,6 +153,23 @@ def pop_usage(row: dict, created_at, finished_at, status: str, now=None) -> tupl
     return usage, budget_shape(budget, usage, created_at, now)
 
 
+def usage_rows(run_pks) -> list[dict]:
+    """``{"pk", "usage", "budget"}`` of each run, one query (for the export)."""
+    from delegation.models import Run
+
+    now = timezone.now()
+    rows = []
+    for row in (
+        Run.objects.filter(pk__in=list(run_pks))
+        .order_by("pk")
+        .values("pk", "created_at", "finished_at", "status", **usage_values())
+    ):
+        created, finished, status = row.pop("created_at"), row.pop("finished_at"), row.pop("status")
+        usage, budget = pop_usage(row, created, finished, status, now)
+        rows.append({"pk": row["pk"], "usage": usage, "budget": budget})
+    return rows
+
+
 def _related(run, name):
     try:
         return getattr(run, name)
