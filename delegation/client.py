@@ -755,10 +755,15 @@ class RunnerClient:
         extension_id: str | None = None,
         depth: int | None = None,
         meta: Mapping[str, Any] | None = None,
+        budget: Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> Result:
-        """``run.open``: a top-level run. ``depth`` is declared through ``_meta``."""
+        """``run.open``: a top-level run. ``depth`` is declared through ``_meta``; ``budget``
+        (SPEC §10: ``maxRuns``, ``maxLive``, ``maxTokens``, ``maxCostUsd``, ``maxSeconds``)
+        bounds its subtree, and opening it again may only narrow that budget."""
         params: dict[str, Any] = {"conversationId": conversation_id, "runId": run_id}
+        if budget is not None:
+            params["budget"] = dict(budget)
         if profile is not None:
             params["profile"] = profile
         if extension_id is not None:

@@ -255,3 +255,25 @@ async def test_it_stops_on_max_tokens_below_the_budget_run(runner):
         )
     )()
     assert live == {"root-1", sibling["runId"]}
+
+
+def test_it_has_the_scripted_engine_report_usage_per_turn_in_the_spec_shape():
+    import random
+
+    from delegation.runner.scripted import PRICES_PER_MTOK, turn_usage
+    from delegation.wire import Usage
+
+    rng = random.Random(7)
+    turns = [turn_usage(rng, turn) for turn in range(4)]
+    for figures in turns:
+        parsed = Usage.model_validate(figures, strict=True)  # exactly the SPEC keys
+        price_in, price_out, price_read, price_write = PRICES_PER_MTOK
+        expected = (
+            parsed.input_tokens * price_in
+            + parsed.output_tokens * price_out
+            + parsed.cache_read_tokens * price_read
+            + parsed.cache_write_tokens * price_write
+        ) / 1e6
+        assert parsed.cost_usd == pytest.approx(expected, abs=1e-6) and parsed.cost_usd > 0
+    # Later turns read most of a growing prompt from the cache, as agents' reports show.
+    assert turns[0]["cacheReadTokens"] == 0 and all(t["cacheReadTokens"] > 0 for t in turns[1:])
