@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from delegation.errors import BUDGET_EXHAUSTED, INVALID_PARAMS, RpcError
@@ -262,29 +262,25 @@ def admit_child(parent: Run) -> Exhausted | None:
 def budgets_to_check(chain: list[int]) -> list[int]:
     """After usage on ``chain`` (inside the usage transaction, after the rollup update): the
     budget runs on it that have reached 80% or all of a usage limit and still need a warning
-    or a stop. One query; nothing locked."""
-    rows = (
-        Budget.objects.filter(run_id__in=chain, exceeded_at__isnull=True)
-        .exclude(max_tokens__isnull=True, max_cost_nanos__isnull=True)
-        .values(
-            "run_id",
-            "max_tokens",
-            "max_cost_nanos",
-            "warned_at",
-            "run__rollup__sub_tokens_in",
-            "run__rollup__sub_tokens_out",
-            "run__rollup__sub_cost_nanos",
+    or a stop. One indexed query, raw because it runs on every frame with usage; nothing is
+    locked."""
+    budget = connection.ops.quote_name(Budget._meta.db_table)
+    rollup = connection.ops.quote_name(RunRollup._meta.db_table)
+    marks = ", ".join(["%s"] * len(chain))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT b.run_id, b.max_tokens, b.max_cost_nanos, b.warned_at, r.sub_tokens_in, "
+            f"r.sub_tokens_out, r.sub_cost_nanos FROM {budget} b JOIN {rollup} r "
+            f"ON r.run_id = b.run_id WHERE b.run_id IN ({marks}) AND b.exceeded_at IS NULL "
+            "AND (b.max_tokens IS NOT NULL OR b.max_cost_nanos IS NOT NULL)",
+            list(chain),
         )
-    )
+        rows = cursor.fetchall()
     due = []
-    for row in rows:
-        tokens = (row["run__rollup__sub_tokens_in"] or 0) + (
-            row["run__rollup__sub_tokens_out"] or 0
-        )
-        cost = row["run__rollup__sub_cost_nanos"] or 0
-        fraction = max(_fraction(tokens, row["max_tokens"]), _fraction(cost, row["max_cost_nanos"]))
-        if fraction >= 1 or (fraction >= WARN_FRACTION and row["warned_at"] is None):
-            due.append(row["run_id"])
+    for pk, max_tokens, max_cost, warned_at, tokens_in, tokens_out, cost in rows:
+        fraction = max(_fraction(tokens_in + tokens_out, max_tokens), _fraction(cost, max_cost))
+        if fraction >= 1 or (fraction >= WARN_FRACTION and warned_at is None):
+            due.append(pk)
     return due
 
 

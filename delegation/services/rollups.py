@@ -18,8 +18,6 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import BigIntegerField, Case, F, Value, When
-from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from delegation.models import Run, RunRollup, RunStatus
@@ -149,36 +147,55 @@ def _apply(pending: _Pending) -> None:
     if pending.empty():
         return
     pks = sorted(set(pending.sub) | set(pending.own) | set(pending.last_end))
-    if connection.vendor == "postgresql":
-        # Lock in pk order (ancestors first) before any UPDATE, whose own row order is the
-        # table's physical order and would let two chains deadlock. SQLite has one writer.
-        list(
-            RunRollup.objects.select_for_update()
-            .filter(pk__in=pks)
-            .order_by("pk")
-            .values_list("pk", flat=True)
-        )
-    # Rows sharing the same subtree increments take one UPDATE (a usage frame: the whole
-    # chain in one statement, the run's own figures through CASE).
-    groups: dict[tuple, list[int]] = defaultdict(list)
-    for pk in pks:
-        sub = tuple(sorted((c, d) for c, d in pending.sub.get(pk, {}).items() if d))
-        groups[(sub, pending.last_end.get(pk))].append(pk)
-    now = timezone.now()
-    for (sub, last_end), group in groups.items():
-        changes = {column: F(column) + delta for column, delta in sub}
-        if last_end is not None:
-            changes["sub_last_finished_at"] = Greatest(
-                Coalesce(F("sub_last_finished_at"), Value(last_end)), Value(last_end)
+    table = connection.ops.quote_name(RunRollup._meta.db_table)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            # Lock in pk order (ancestors first) before any UPDATE, whose own row order is
+            # the table's physical order and would let two chains deadlock. SQLite has one
+            # writer at a time.
+            cursor.execute(
+                f"SELECT run_id FROM {table} WHERE run_id = ANY(%s) ORDER BY run_id FOR UPDATE",
+                [pks],
             )
-        own_columns = defaultdict(list)
-        for pk in group:
-            for column, delta in pending.own.get(pk, {}).items():
-                if delta:
-                    own_columns[column].append(When(pk=pk, then=F(column) + delta))
-        for column, whens in own_columns.items():
-            changes[column] = Case(*whens, default=F(column), output_field=BigIntegerField())
-        if not changes:
-            continue
-        changes["updated_at"] = now
-        RunRollup.objects.filter(pk__in=group).update(**changes)
+        # Rows sharing the same subtree increments take one UPDATE (a usage frame: the whole
+        # chain in one statement, the run's own figures through CASE). Raw SQL: this is the
+        # ingest path, where building ORM expressions cost more than the statement itself.
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for pk in pks:
+            sub = tuple(sorted((c, d) for c, d in pending.sub.get(pk, {}).items() if d))
+            groups[(sub, pending.last_end.get(pk))].append(pk)
+        stamp = _db_time(timezone.now())
+        for (sub, last_end), group in groups.items():
+            sets, params = [], []
+            for column, delta in sub:
+                sets.append(f"{column} = {column} + %s")
+                params.append(delta)
+            if last_end is not None:
+                end = _db_time(last_end)
+                sets.append(
+                    "sub_last_finished_at = CASE WHEN sub_last_finished_at IS NULL OR "
+                    "sub_last_finished_at < %s THEN %s ELSE sub_last_finished_at END"
+                )
+                params += [end, end]
+            own_columns = defaultdict(list)
+            for pk in group:
+                for column, delta in pending.own.get(pk, {}).items():
+                    if delta:
+                        own_columns[column].append((pk, delta))
+            for column, cases in own_columns.items():
+                whens = " ".join("WHEN %s THEN %s" for _ in cases)
+                sets.append(f"{column} = {column} + CASE run_id {whens} ELSE 0 END")
+                params += [value for case in cases for value in case]
+            if not sets:
+                continue
+            sets.append("updated_at = %s")
+            params.append(stamp)
+            marks = ", ".join(["%s"] * len(group))
+            cursor.execute(
+                f"UPDATE {table} SET {', '.join(sets)} WHERE run_id IN ({marks})",
+                [*params, *group],
+            )
+
+
+def _db_time(value: datetime):
+    return RunRollup._meta.get_field("updated_at").get_db_prep_value(value, connection)
