@@ -276,11 +276,13 @@ class RunRollup(models.Model):
     own_cache_write = models.BigIntegerField(default=0)
     own_cost_nanos = models.BigIntegerField(default=0)
     own_usage_events = models.BigIntegerField(default=0)
-    sub_tokens_in = models.BigIntegerField(default=0, db_index=True)
+    # No secondary index on these: every usage frame updates them, and the lists sorted by
+    # them are filtered first.
+    sub_tokens_in = models.BigIntegerField(default=0)
     sub_tokens_out = models.BigIntegerField(default=0)
     sub_cache_read = models.BigIntegerField(default=0)
     sub_cache_write = models.BigIntegerField(default=0)
-    sub_cost_nanos = models.BigIntegerField(default=0, db_index=True)
+    sub_cost_nanos = models.BigIntegerField(default=0)
     sub_running = models.BigIntegerField(default=0)
     sub_succeeded = models.BigIntegerField(default=0)
     sub_failed = models.BigIntegerField(default=0)
@@ -289,7 +291,10 @@ class RunRollup(models.Model):
     # The latest end of any run of the subtree: its wall time runs from the run's start to
     # this (or to now while any run of it is live).
     sub_last_finished_at = models.DateTimeField(null=True, blank=True)
-    updated_at = models.DateTimeField(default=timezone.now, db_index=True)
+    # The run has a Budget row (set with it): the usage UPDATE returns this, so a frame in a
+    # tree without budgets needs no budget query.
+    budgeted = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(default=timezone.now)
 
     def __str__(self):
         return f"rollup of run {self.run_id}"

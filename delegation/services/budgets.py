@@ -110,7 +110,9 @@ def set_runner_budget(run: Run, limits: BudgetLimits, where: str, runner_label: 
         existing.updated_at = timezone.now()
         existing.save()
         return existing
-    return Budget.objects.create(run=run, set_by=runner_label, **wanted)
+    budget = Budget.objects.create(run=run, set_by=runner_label, **wanted)
+    RunRollup.objects.filter(pk=run.pk).update(budgeted=True)
+    return budget
 
 
 def _name(column: str) -> str:
@@ -150,6 +152,7 @@ def do_set_budget(actor: Actor, run: Run, limits: BudgetLimits, *, replace: bool
         budget.exceeded_reason = ""
         budget.updated_at = timezone.now()
         budget.save()
+        RunRollup.objects.filter(pk=run.pk).update(budgeted=True)
         after = budget_wire(budget)["limits"]
         audit(
             actor,

@@ -61,6 +61,7 @@ class _Pending:
         self.sub: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.own: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.last_end: dict[int, datetime] = {}
+        self.budgeted: set[int] = set()
 
     def add_sub(self, pks, column: str, delta: int) -> None:
         for pk in pks:
@@ -128,10 +129,13 @@ def status_changed(run: Run, old: str, new: str) -> None:
                 )
 
 
-def usage_added(run: Run, totals: dict[str, int]) -> None:
-    """A frame's usage events, summed in Python by the caller: one change per frame."""
+def usage_added(run: Run, totals: dict[str, int]) -> list[int]:
+    """A frame's usage events, summed in Python by the caller: one change per frame.
+
+    Applied at once outside a batch; returns the pks on the chain that have a budget (the
+    UPDATE returns them), for the caller to check."""
     if not any(totals.values()):
-        return
+        return []
     with _change() as pending:
         chain = chain_of(run)
         for figure, delta in totals.items():
@@ -141,6 +145,7 @@ def usage_added(run: Run, totals: dict[str, int]) -> None:
             pending.own[run.pk][own] += delta
             pending.add_sub(chain, sub, delta)
         pending.own[run.pk]["own_usage_events"] += totals.get("events", 0)
+    return sorted(pending.budgeted)
 
 
 def _apply(pending: _Pending) -> None:
@@ -192,9 +197,11 @@ def _apply(pending: _Pending) -> None:
             params.append(stamp)
             marks = ", ".join(["%s"] * len(group))
             cursor.execute(
-                f"UPDATE {table} SET {', '.join(sets)} WHERE run_id IN ({marks})",
+                f"UPDATE {table} SET {', '.join(sets)} WHERE run_id IN ({marks}) "
+                "RETURNING run_id, budgeted",
                 [*params, *group],
             )
+            pending.budgeted.update(pk for pk, budgeted in cursor.fetchall() if budgeted)
 
 
 def _db_time(value: datetime):

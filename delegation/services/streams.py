@@ -220,8 +220,9 @@ def _append(conn: Connection, params: RunEventParams, rows, usages) -> tuple[dic
             run.save(update_fields=fields)
             fresh_usage = [usage for index, usage in usages.items() if index >= replayed]
             if fresh_usage and rollups.enabled():
-                rollups.usage_added(run, _usage_totals(fresh_usage))
-                due = budgets.budgets_to_check(rollups.chain_of(run))
+                budgeted = rollups.usage_added(run, _usage_totals(fresh_usage))
+                if budgeted:
+                    due = budgets.budgets_to_check(budgeted)
             created_ms = int(now.timestamp() * 1000)
             first_sequence = next_sequence - len(fresh) + 1
             notify.run_changed(
