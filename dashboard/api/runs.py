@@ -272,6 +272,11 @@ class TreeQuery(Schema):
         description="How many levels below the run to include (0: the run alone). "
         "Default: all. Nodes on the boundary carry childCounts and childrenIncluded=false.",
     )
+    usage: QueryBool = Field(
+        default=False,
+        description="Also each node's rollup (own and subtree tokens and cost, runs, live "
+        "runs) and budget (limits, stop reason); the run's detail has all of it",
+    )
 
 
 @router.get(
@@ -284,14 +289,14 @@ class TreeQuery(Schema):
 @strict_query(TreeQuery)
 def get_tree(request, runId: str, params: Query[TreeQuery]):  # noqa: N803
     run = find_run(runId)
-    rows, counts = selectors.subtree_with_counts(run, params.levels)
+    rows, counts = selectors.subtree_with_counts(run, params.levels, params.usage)
     boundary = run.depth + params.levels if params.levels is not None else None
     root_run_id = run.root.run_id if run.root_id else run.run_id
     nodes = {}
     top = None
-    now = timezone.now()
     for row in rows:
-        with_usage(row, now)
+        if params.usage:
+            selectors.pop_tree_usage(row)
         pk, parent_pk = row.pop("pk"), row.pop("parent_id")
         parent = nodes.get(parent_pk)
         if parent is not None:

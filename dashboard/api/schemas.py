@@ -374,7 +374,35 @@ class RunDetail(Schema):
     budget: BudgetOut | None = Field(description="null when the run has no budget")
 
 
+class TreeOwnUsage(Schema):
+    inputTokens: int
+    outputTokens: int
+    costUsd: float
+
+
+class TreeSubtreeUsage(Schema):
+    inputTokens: int
+    outputTokens: int
+    costUsd: float
+    runs: int = Field(description="Runs of the subtree, itself included")
+    live: int
+
+
+class TreeUsage(Schema):
+    """A node's share of the rollups, compact (the run's detail has them all)."""
+
+    own: TreeOwnUsage
+    subtree: TreeSubtreeUsage
+
+
+class TreeBudget(Schema):
+    limits: dict[str, float] = Field(description="The limits set, by name")
+    exceededReason: str = Field(description='Why the subtree was stopped, "" if it was not')
+
+
 class TreeNode(RunItem):
+    usage: TreeUsage = Field(default=None, description="With `usage=true` only")
+    budget: TreeBudget | None = Field(default=None, description="With `usage=true` only")
     childCounts: ChildCounts = Field(description="Children by status (all of them)")
     childrenIncluded: bool = Field(
         description="false on the depth boundary: children exist beyond `levels`"

@@ -59,6 +59,7 @@ from delegation.selectors.trees import (
     trees_matching,
 )
 from delegation.selectors.usage import (
+    pop_tree_usage,
     pop_usage,
     usage_of_run,
     usage_rows,
@@ -79,6 +80,7 @@ __all__ = [
     "event_wire",
     "events_after",
     "get_run",
+    "pop_tree_usage",
     "pop_usage",
     "usage_of_run",
     "usage_rows",

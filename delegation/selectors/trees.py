@@ -285,7 +285,9 @@ def trees_matching(
     return roots.order_by("-created_at", "-id")
 
 
-def subtree_with_counts(run: Run, levels: int | None = None) -> tuple[list[dict], dict]:
+def subtree_with_counts(
+    run: Run, levels: int | None = None, usage: bool = False
+) -> tuple[list[dict], dict]:
     """``run``'s subtree down to ``levels`` below it, and child counts of every node.
 
     Two queries whatever the size of the tree: the rows through the denormalised root (the
@@ -298,7 +300,7 @@ def subtree_with_counts(run: Run, levels: int | None = None) -> tuple[list[dict]
     if levels is not None:
         rows_qs = rows_qs.filter(depth__lte=run.depth + levels)
         counts_qs = counts_qs.filter(depth__lte=run.depth + levels + 1)
-    rows = list(subtree_row_values(rows_qs.order_by("depth", "id")))
+    rows = list(subtree_row_values(rows_qs.order_by("depth", "id"), usage))
     branch, keep = _branch(rows, run.pk)
     counts: dict[int, dict[str, int]] = {}
     for row in counts_qs.values("parent_id", "status").annotate(n=Count("id")).order_by():

@@ -189,3 +189,74 @@ def usage_of_run(run, now=None) -> tuple[dict, dict | None]:
     budget_row = {name: getattr(budget, name) for name in _BUDGET}
     budget_row["self_running"] = run.status == "running"
     return usage, budget_shape(budget_row, usage, run.created_at, now)
+
+
+# A tree node's share, lean because a subtree may have 10,000 of them: integer columns only
+# (nothing for the driver to convert), the subtree's run count summed in SQL.
+_TREE_COLUMNS = {
+    "_t_own_in": "rollup__own_tokens_in",
+    "_t_own_out": "rollup__own_tokens_out",
+    "_t_own_cost": "rollup__own_cost_nanos",
+    "_t_in": "rollup__sub_tokens_in",
+    "_t_out": "rollup__sub_tokens_out",
+    "_t_cost": "rollup__sub_cost_nanos",
+    "_t_live": "rollup__sub_running",
+    "_t_budget": "budget__run_id",
+    "_t_max_runs": "budget__max_runs",
+    "_t_max_live": "budget__max_live",
+    "_t_max_tokens": "budget__max_tokens",
+    "_t_max_cost": "budget__max_cost_nanos",
+    "_t_max_seconds": "budget__max_seconds",
+    "_t_stopped": "budget__exceeded_reason",
+}
+
+
+def tree_usage_values() -> dict:
+    fields = {name: F(path) for name, path in _TREE_COLUMNS.items()}
+    fields["_t_runs"] = (
+        F("rollup__sub_running")
+        + F("rollup__sub_succeeded")
+        + F("rollup__sub_failed")
+        + F("rollup__sub_cancelled")
+        + F("rollup__sub_lost")
+    )
+    return fields
+
+
+def pop_tree_usage(row: dict) -> None:
+    """Replace a tree node's ``tree_usage_values`` with ``usage`` and ``budget``, compactly:
+    the subtree's tokens, cost, runs and live runs, the run's own tokens and cost, and the
+    budget's limits and stop reason (the run's detail has the rest)."""
+    pop = row.pop
+    row["usage"] = {
+        "own": {
+            "inputTokens": pop("_t_own_in") or 0,
+            "outputTokens": pop("_t_own_out") or 0,
+            "costUsd": (pop("_t_own_cost") or 0) / NANOS_PER_USD,
+        },
+        "subtree": {
+            "inputTokens": pop("_t_in") or 0,
+            "outputTokens": pop("_t_out") or 0,
+            "costUsd": (pop("_t_cost") or 0) / NANOS_PER_USD,
+            "runs": pop("_t_runs") or 0,
+            "live": pop("_t_live") or 0,
+        },
+    }
+    has_budget = pop("_t_budget") is not None
+    limits = {
+        "maxRuns": pop("_t_max_runs"),
+        "maxLive": pop("_t_max_live"),
+        "maxTokens": pop("_t_max_tokens"),
+        "maxCostUsd": pop("_t_max_cost"),
+        "maxSeconds": pop("_t_max_seconds"),
+    }
+    stopped = pop("_t_stopped")
+    if not has_budget:
+        row["budget"] = None
+        return
+    if limits["maxCostUsd"] is not None:
+        limits["maxCostUsd"] /= NANOS_PER_USD
+    row["budget"] = {
+        "limits": {name: value for name, value in limits.items() if value is not None},
+        "exceededReason": stopped or "",
+    }
