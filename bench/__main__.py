@@ -1,7 +1,7 @@
 """Run every measurement, print a table beside the targets, and write bench.json.
 
 python -m bench                # everything
-python -m bench ingest read    # a subset
+python -m bench ingest read    # a subset (``rollups``: only the rollups on/off comparison)
 """
 
 from __future__ import annotations
@@ -129,6 +129,91 @@ def ingest(kind: str):
     results[f"ingest_{kind}_events_per_s"] = round(rate)
     results[f"ingest_{kind}_ceiling_rows_per_s"] = round(ceiling)
     results[f"ingest_{kind}_ratio"] = round(rate / ceiling, 3)
+
+
+# --- ingest with usage rollups on and off ---------------------------------------------------
+
+# Frames of INGEST_BATCH events, one in ROLLUP_USAGE_EVERY a usage event (an agent reports one
+# per model turn), written by runs two levels down a tree, so each frame's usage goes up a
+# chain of three rollup rows. The same frames go to a server with ROLLUPS_ENABLED=false (the
+# setting exists for this comparison only), alternating rounds on one database.
+ROLLUP_EXTENSION = {"extensionId": "bench", "generation": 1, "presets": [{"name": "worker"}]}
+ROLLUP_USAGE_EVERY = 20
+ROLLUP_ROUNDS = 3
+ROLLUP_LEVELS = 2
+
+
+async def _rollup_round(url: str, tokens: list[str], tag: str) -> float:
+    async def one(index: int, token: str):
+        runner = await Runner.connect(url, token)
+        await runner.register([ROLLUP_EXTENSION])
+        root = f"rollup-{tag}-{index}"
+        await runner.call("run.open", {"conversationId": f"c-{root}", "runId": root})
+        run_id = root
+        for level in range(ROLLUP_LEVELS):
+            child = await runner.call(
+                "child.start",
+                {
+                    "runId": run_id,
+                    "extensionId": "bench",
+                    "generation": 1,
+                    "request": {"requestId": f"r{level}", "profile": "worker", "message": "go"},
+                },
+            )
+            run_id = child["runId"]
+        events = [
+            {
+                "kind": "usage",
+                "text": "tokens",
+                "input": {
+                    "inputTokens": 1200,
+                    "outputTokens": 300,
+                    "cacheReadTokens": 900,
+                    "costUsd": 0.0081,
+                    "model": "bench",
+                },
+            }
+            if i % ROLLUP_USAGE_EVERY == ROLLUP_USAGE_EVERY - 1
+            else {"kind": "text-delta", "text": TEXT}
+            for i in range(INGEST_BATCH)
+        ]
+        await ready.wait()
+        for frame in range(INGEST_FRAMES):
+            await runner.call(
+                "run.event", {"runId": run_id, "from": frame * INGEST_BATCH + 1, "events": events}
+            )
+        await runner.ws.close()
+
+    ready = asyncio.Event()
+    tasks = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(tokens)]
+    await asyncio.sleep(0.5)
+    started = time.perf_counter()
+    ready.set()
+    await asyncio.gather(*tasks)
+    return len(tokens) * INGEST_FRAMES * INGEST_BATCH / (time.perf_counter() - started)
+
+
+def ingest_rollups():
+    db = Database("sqlite")
+    servers = {}
+    try:
+        tokens = [db.runner_token(f"rollup-{i}") for i in range(INGEST_RUNNERS)]
+        servers["on"] = Server(db)
+        servers["off"] = Server(db, ROLLUPS_ENABLED="false")
+        rates = {"on": [], "off": []}
+        for round_ in range(ROLLUP_ROUNDS):
+            order = ("off", "on") if round_ % 2 == 0 else ("on", "off")
+            for tag in order:
+                rate = asyncio.run(_rollup_round(servers[tag].ws, tokens, f"{tag}{round_}"))
+                rates[tag].append(rate)
+    finally:
+        for server in servers.values():
+            server.stop()
+        db.close()
+    on, off = statistics.median(rates["on"]), statistics.median(rates["off"])
+    results["ingest_sqlite_rollup_events_per_s"] = round(on)
+    results["ingest_sqlite_no_rollup_events_per_s"] = round(off)
+    results["ingest_sqlite_rollup_ratio"] = round(on / off, 3)
 
 
 # --- child.read at both ends of a long stream ---------------------------------------------
@@ -398,6 +483,8 @@ TARGETS = [
     ("ingest_sqlite_ratio", ">=", 0.35),
     ("ingest_postgres_events_per_s", None, None),
     ("ingest_postgres_ratio", None, None),
+    # Usage rollups cost at most 15% of ingest (same frames, rollups on vs off).
+    ("ingest_sqlite_rollup_ratio", ">=", 0.85),
     ("push_p50_ms_one_process", None, None),
     ("push_p99_ms_one_process", "<=", 50),
     ("push_p50_ms_two_processes", None, None),
@@ -410,7 +497,8 @@ TARGETS = [
 ]
 
 STEPS = {
-    "ingest": lambda: (ingest("sqlite"), ingest("postgres")),
+    "ingest": lambda: (ingest("sqlite"), ingest("postgres"), ingest_rollups()),
+    "rollups": ingest_rollups,
     "read": read,
     "push": push,
     "push1": push_one_process,

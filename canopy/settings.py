@@ -230,6 +230,9 @@ MAINTENANCE_INTERVAL_SECONDS = env_float("MAINTENANCE_INTERVAL_SECONDS", 1.0, mi
 # by `manage.py purge_events`.
 EVENT_RETENTION_DAYS = env_int("EVENT_RETENTION_DAYS", 0, minimum=0)
 UPKEEP_IN_PROCESS = env_bool("UPKEEP_IN_PROCESS", True)
+# Usage rollups on the ingest path (SPEC §10). Switched off only by the benchmark, to measure
+# ingest with and without them in the same run; budgets on usage need them.
+ROLLUPS_ENABLED = env_bool("ROLLUPS_ENABLED", True)
 LIVE_HEARTBEAT_SECONDS = env_float("LIVE_HEARTBEAT_SECONDS", 10.0, minimum=0.05)
 # Unsent bytes a live socket may pile up before the client is closed as too slow (4408).
 LIVE_MAX_BACKLOG_BYTES = env_int("LIVE_MAX_BACKLOG_BYTES", 2 * 1024 * 1024, minimum=65536)

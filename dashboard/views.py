@@ -32,8 +32,10 @@ from delegation.models import (
     Run,
     RunStatus,
 )
+from delegation.services.budgets import do_set_budget
 from delegation.services.launch import Launch, do_launch_run
 from delegation.services.operator import Actor, do_cancel_run, do_release_lease
+from delegation.wire import BudgetLimits, parse_model
 
 SINCE_CHOICES = (
     ("", "Any time"),
@@ -161,6 +163,9 @@ def trees(request):
                 "counts": [(s, summary["counts"].get(s, 0)) for s in STATUS_ORDER],
                 "max_depth": summary["maxDepth"],
                 "total": summary["runs"],
+                "tokens": summary["tokens"],
+                "cost": summary["costUsd"],
+                "stopped": summary["budgetStopped"],
                 "created_ms": _ms(run.created_at),
                 "finished_ms": _ms(run.finished_at),
             }
@@ -264,8 +269,49 @@ def run_detail(request, run_id):
         created_ms=_ms(run.created_at),
         finished_ms=_ms(run.finished_at),
         children=selectors.child_counts(run),
+        **_usage_context(run),
     )
     return render(request, "run.html", context)
+
+
+_BUDGET_FIELDS = (
+    ("maxRuns", "Descendants ever started", "1"),
+    ("maxLive", "Descendants running at once", "1"),
+    ("maxTokens", "Tokens (in + out)", "1"),
+    ("maxCostUsd", "Cost in USD", "0.01"),
+    ("maxSeconds", "Seconds since the run started", "1"),
+)
+
+
+def _usage_context(run: Run) -> dict:
+    usage, budget = selectors.usage_of_run(run)
+    bars = []
+    if budget is not None:
+        for name, label, _step in _BUDGET_FIELDS:
+            limit = budget["limits"].get(name)
+            if limit is None:
+                continue
+            fraction = limit["fraction"]
+            bars.append(
+                {
+                    "name": name,
+                    "label": label,
+                    "limit": limit["limit"],
+                    "used": limit["used"],
+                    "percent": min(100, round(fraction * 100)),
+                    "level": "over" if fraction >= 1 else "warn" if fraction >= 0.8 else "ok",
+                }
+            )
+    limits = budget["limits"] if budget else {}
+    return {
+        "usage": usage,
+        "budget": budget,
+        "budget_bars": bars,
+        "budget_fields": [
+            (name, label, step, limits[name]["limit"] if name in limits else "")
+            for name, label, step in _BUDGET_FIELDS
+        ],
+    }
 
 
 def _actor(request) -> Actor:
@@ -296,6 +342,37 @@ def run_cancel(request, run_id):
         f" and {stopped} live descendant{'s' if stopped != 1 else ''}" if cascade else ""
     )
     return _done(request, run, text)
+
+
+@require_POST
+@signed_in
+def run_budget(request, run_id):
+    """The run page's budget form: exactly the limits filled in (an empty field: no limit)."""
+    run = _run_or_404(run_id)
+    values = {}
+    for name, _label, _step in _BUDGET_FIELDS:
+        text = request.POST.get(name, "").strip()
+        if not text:
+            continue
+        try:
+            values[name] = float(text) if name == "maxCostUsd" else int(text)
+        except ValueError:
+            return _refuse(request, f"{name}: {text!r} is not a number", status=400)
+    try:
+        limits = parse_model(BudgetLimits, values, "budget")
+        do_set_budget(
+            _actor(request),
+            run,
+            limits,
+            replace=True,
+            reason=request.POST.get("reason", "").strip()[:500],
+        )
+    except PermissionRefused as exc:
+        return _refuse(request, f"Refused: {exc}")
+    except RpcError as exc:
+        return _refuse(request, exc.message, status=400)
+    shown = ", ".join(f"{k} {v}" for k, v in values.items()) or "no limits"
+    return _done(request, run, f"Budget of {run.run_id} set: {shown}")
 
 
 @require_POST

@@ -23,12 +23,14 @@ from delegation.models import (
     ALERT_KINDS,
     ApiToken,
     AuditEntry,
+    Budget,
     Command,
     Event,
     ExtensionPreset,
     Lease,
     Run,
     Runner,
+    RunRollup,
     RunToken,
     Session,
     SteerReceipt,
@@ -38,8 +40,9 @@ from delegation.models import (
 )
 from delegation.protocol import MAX_STEER_BYTES
 from delegation.services import alerts
+from delegation.services.budgets import do_set_budget
 from delegation.services.operator import Actor, do_cancel_run, do_release_lease, do_steer_run
-from delegation.wire import utf8_len
+from delegation.wire import BudgetLimits, utf8_len
 
 
 class RoleAdmin(admin.ModelAdmin):
@@ -167,6 +170,51 @@ def release_leases(modeladmin, request, queryset):
     _report(modeladmin, request, done, refused)
 
 
+class BudgetForm(forms.Form):
+    maxRuns = forms.IntegerField(required=False, min_value=0, max_value=10**15)  # noqa: N815
+    maxLive = forms.IntegerField(required=False, min_value=0, max_value=10**15)  # noqa: N815
+    maxTokens = forms.IntegerField(required=False, min_value=0, max_value=10**15)  # noqa: N815
+    maxCostUsd = forms.FloatField(required=False, min_value=0, max_value=1e9)  # noqa: N815
+    maxSeconds = forms.IntegerField(required=False, min_value=1, max_value=10**12)  # noqa: N815
+    reason = forms.CharField(required=False, max_length=500)
+
+
+@admin.action(description="Set budget of selected runs…", permissions=["operate"])
+def set_budgets(modeladmin, request, queryset):
+    """An intermediate form: the limits, then one do_set_budget per selected run."""
+    form = None
+    if "apply" in request.POST:
+        form = BudgetForm(request.POST)
+        if form.is_valid():
+            data = dict(form.cleaned_data)
+            reason = data.pop("reason")
+            limits = BudgetLimits.model_validate(
+                {name: value for name, value in data.items() if value is not None}
+            )
+            done, refused = [], []
+            for run in queryset:
+                try:
+                    do_set_budget(_actor(request), run, limits, replace=True, reason=reason)
+                except (PermissionRefused, RpcError) as exc:
+                    refused.append(f"{run.run_id}: refused: {exc}")
+                    continue
+                done.append(f"{run.run_id}: budget set")
+            _report(modeladmin, request, done, refused)
+            return None
+    if form is None:
+        form = BudgetForm()
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": "Set budget",
+        "runs": queryset,
+        "form": form,
+        "opts": modeladmin.model._meta,
+        "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
+    }
+    return TemplateResponse(request, "admin/delegation/run/budget.html", context)
+
+
 def _status(obj):
     return format_html('<span class="canopy-status canopy-{}">{}</span>', obj.status, obj.status)
 
@@ -182,6 +230,7 @@ class RunAdmin(RoleAdmin):
         "parent_link",
         "last_sequence",
         "refused_spawns",
+        "subtree_cost",
         "cancel_requested_at",
         "created_at",
         "finished_at",
@@ -194,9 +243,9 @@ class RunAdmin(RoleAdmin):
         "root__run_id",
         "request_id",
     )
-    list_select_related = ("runner", "parent", "session")
+    list_select_related = ("runner", "parent", "session", "rollup")
     date_hierarchy = "created_at"
-    actions = [cancel_runs, cancel_subtrees, steer_runs]
+    actions = [cancel_runs, cancel_subtrees, steer_runs, set_budgets]
     readonly_fields = [f.name for f in Run._meta.fields]
     show_full_result_count = False
 
@@ -204,12 +253,68 @@ class RunAdmin(RoleAdmin):
     def status_chip(self, obj):
         return _status(obj)
 
+    @admin.display(description="subtree cost", ordering="rollup__sub_cost_nanos")
+    def subtree_cost(self, obj):
+        rollup = getattr(obj, "rollup", None)
+        return f"${(rollup.sub_cost_nanos if rollup else 0) / 1e9:.4f}"
+
     @admin.display(description="parent", ordering="parent__run_id")
     def parent_link(self, obj):
         return obj.parent.run_id if obj.parent_id else "—"
 
     def view_on_site(self, obj):
         return f"/runs/{obj.run_id}/"
+
+
+@admin.register(Budget)
+class BudgetAdmin(RoleAdmin):
+    """Budgets are set with the runs' "Set budget" action (audited); listed here with state."""
+
+    list_display = (
+        "run",
+        "max_runs",
+        "max_live",
+        "max_tokens",
+        "max_cost_usd",
+        "max_seconds",
+        "set_by",
+        "warned_at",
+        "exceeded_at",
+        "exceeded_reason",
+    )
+    list_filter = ("exceeded_at",)
+    search_fields = ("run__run_id", "set_by", "exceeded_reason")
+    list_select_related = ("run",)
+    readonly_fields = [f.name for f in Budget._meta.fields]
+
+    @admin.display(description="max cost (USD)", ordering="max_cost_nanos")
+    def max_cost_usd(self, obj):
+        return None if obj.max_cost_nanos is None else obj.max_cost_nanos / 1e9
+
+
+@admin.register(RunRollup)
+class RunRollupAdmin(RoleAdmin):
+    """Each run's own usage and its subtree's, as the services keep them (read-only)."""
+
+    list_display = (
+        "run",
+        "own_tokens_in",
+        "own_tokens_out",
+        "own_cost_nanos",
+        "sub_tokens_in",
+        "sub_tokens_out",
+        "sub_cost_nanos",
+        "sub_running",
+        "sub_succeeded",
+        "sub_failed",
+        "sub_cancelled",
+        "sub_lost",
+        "updated_at",
+    )
+    list_filter = ("sub_running",)
+    search_fields = ("run__run_id",)
+    list_select_related = ("run",)
+    readonly_fields = [f.name for f in RunRollup._meta.fields]
 
 
 @admin.register(Session)

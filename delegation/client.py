@@ -62,6 +62,7 @@ from delegation.protocol import (
 __all__ = [
     "AdmissionRefused",
     "AuthenticationFailed",
+    "BudgetExhausted",
     "ClientClosed",
     "ClientError",
     "ClientTimeout",
@@ -174,6 +175,10 @@ class ReleaseUnconfirmed(RpcError):
     """−32016: children under the lease have not confirmed yet; call release again."""
 
 
+class BudgetExhausted(RpcError):
+    """−32017: a budget of the caller or an ancestor allows no more (SPEC §10)."""
+
+
 _ERROR_TYPES: dict[int, type[RpcError]] = {
     codes.NOT_REGISTERED: NotRegistered,
     codes.STALE_CONNECTION: StaleConnection,
@@ -187,6 +192,7 @@ _ERROR_TYPES: dict[int, type[RpcError]] = {
     codes.PARENT_NOT_RUNNING: ParentNotRunning,
     codes.LEASE_GONE: LeaseGone,
     codes.RELEASE_UNCONFIRMED: ReleaseUnconfirmed,
+    codes.BUDGET_EXHAUSTED: BudgetExhausted,
 }
 
 
@@ -779,10 +785,15 @@ class RunnerClient:
         extension_id: str | None = None,
         depth: int | None = None,
         meta: Mapping[str, Any] | None = None,
+        budget: Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> Result:
-        """``run.open``: a top-level run. ``depth`` is declared through ``_meta``."""
+        """``run.open``: a top-level run. ``depth`` is declared through ``_meta``; ``budget``
+        (SPEC §10: ``maxRuns``, ``maxLive``, ``maxTokens``, ``maxCostUsd``, ``maxSeconds``)
+        bounds its subtree, and opening it again may only narrow that budget."""
         params: dict[str, Any] = {"conversationId": conversation_id, "runId": run_id}
+        if budget is not None:
+            params["budget"] = dict(budget)
         if profile is not None:
             params["profile"] = profile
         if extension_id is not None:

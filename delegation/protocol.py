@@ -18,7 +18,16 @@ MAX_STEER_BYTES = 10_000
 
 # Event kinds only the server writes (SPEC §5); a runner may not send them.
 SERVER_EVENT_KINDS = frozenset(
-    {"steer", "steer-undelivered", "cancel-requested", "lease-released", "delegation-refused"}
+    {
+        "steer",
+        "steer-undelivered",
+        "cancel-requested",
+        "lease-released",
+        "delegation-refused",
+        # SPEC §10: stored on a budget's run at 80% of a limit, and when a limit is crossed.
+        "budget-warning",
+        "budget-exceeded",
+    }
 )
 
 

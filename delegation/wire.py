@@ -252,6 +252,33 @@ class Options(Strict):
         return value
 
 
+# Finite, never negative, and bounded so that sums stay inside a 64-bit column (costs are
+# kept in nano-dollars).
+Money = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=0, le=10**15)]
+
+
+class Usage(Strict):
+    """SPEC §10: what a ``usage`` event carries in ``input``; nothing else."""
+
+    input_tokens: Count = Field(alias="inputTokens")
+    output_tokens: Count = Field(alias="outputTokens")
+    cache_read_tokens: Count = Field(default=0, alias="cacheReadTokens")
+    cache_write_tokens: Count = Field(default=0, alias="cacheWriteTokens")
+    cost_usd: Money = Field(default=0.0, alias="costUsd")
+    model: str = Field(default=None)
+
+
+class BudgetLimits(Strict):
+    """SPEC §10 budget of a run's subtree; an omitted limit is unbounded."""
+
+    max_runs: Count = Field(default=None, alias="maxRuns")
+    max_live: Count = Field(default=None, alias="maxLive")
+    max_tokens: Count = Field(default=None, alias="maxTokens")
+    max_cost_usd: Money = Field(default=None, alias="maxCostUsd")
+    max_seconds: Annotated[int, Field(gt=0, le=10**12)] = Field(default=None, alias="maxSeconds")
+
+
 class Profile(Strict):
     """An execution preset an extension registers. Prompt content only, never a path."""
 
@@ -292,6 +319,12 @@ class Extension(Strict):
         return value
 
 
+class RequestOptions(Options):
+    """A request's options may also carry a budget for the child's subtree (SPEC §10)."""
+
+    budget: BudgetLimits = Field(default=None)
+
+
 class Request(Strict):
     """What a parent asks for in ``child.start``."""
 
@@ -302,7 +335,7 @@ class Request(Strict):
     cwd: str = Field(default=None)
     context_mode: Literal["", "fresh", "fork"] = Field(default=None, alias="contextMode")
     resume: ValidId = Field(default=None)
-    options: Options = Field(default=None)
+    options: RequestOptions = Field(default=None)
     lease_id: ValidId = Field(default=None, alias="leaseId")
 
     @field_validator("request_id")
@@ -403,6 +436,7 @@ class RunOpenParams(Strict):
     profile: str = Field(default=None)
     extension_id: ValidId = Field(default=None, alias="extensionId")
     meta: dict[str, Any] = Field(default=None, alias="_meta")
+    budget: BudgetLimits = Field(default=None)
 
 
 class RunEventParams(Strict):

@@ -39,6 +39,7 @@ SPEC_CODES = {
     -32014,
     -32015,
     -32016,
+    -32017,
 }
 METHODS = [
     "runner.register",

@@ -80,6 +80,7 @@ RPC_STATUS = {
     rpc.PARENT_NOT_RUNNING: (409, "conflict"),
     rpc.LEASE_GONE: (409, "conflict"),
     rpc.RELEASE_UNCONFIRMED: (409, "conflict"),
+    rpc.BUDGET_EXHAUSTED: (409, "conflict"),
     rpc.NOT_REGISTERED: (409, "conflict"),
     rpc.STALE_CONNECTION: (409, "conflict"),
 }
@@ -97,7 +98,7 @@ the envelope also carries `rpcCode`.
 | 403 | `csrf_failed` | session-authenticated unsafe request without a valid CSRF token |
 | 404 | `not_found` | no such run, session, runner or lease (also −32003, −32004) |
 | 405 | `method_not_allowed` | wrong HTTP method for the path |
-| 409 | `conflict` | −32013 requestId reused with a different message, −32011 admission caps (e.g. the 129th steer receipt of a child), −32010, −32012, −32014, −32015, −32016 |
+| 409 | `conflict` | −32013 requestId reused with a different message, −32011 admission caps (e.g. the 129th steer receipt of a child), −32010, −32012, −32014, −32015, −32016, −32017 budget exhausted |
 | 422 | `invalid` | a body field, query or path parameter broke a rule: unknown field, `null`, wrong type, out of range, bad cursor (also −32602) |
 | 500 | `internal_error` | a bug; nothing is leaked |
 """

@@ -74,11 +74,46 @@ async def aiter_ndjson(run_ids: dict[int, str], page_size: int = PAGE_SIZE):
             after = (rows[-1][0], rows[-1][1])
 
 
-def ndjson_response(request, run_ids: dict[int, str], filename: str) -> StreamingHttpResponse:
+def usage_lines(run_ids: dict[int, str]) -> bytes:
+    """One line per run after the events: ``{"runId", "record": "usage", "usage", "budget"}``,
+    read from the rollup and budget rows (a page of runs per query)."""
+    out = []
+    for chunk in _chunks(run_ids):
+        for row in selectors.usage_rows(chunk):
+            out.append(
+                json.dumps(
+                    {"runId": run_ids[row.pop("pk")], "record": "usage", **row},
+                    ensure_ascii=False,
+                    separators=(",", ":"),
+                    default=str,
+                )
+                + "\n"
+            )
+    return "".join(out).encode("utf-8")
+
+
+async def _with_tail(stream, run_ids):
+    async for chunk in stream:
+        yield chunk
+    yield await sync_to_async(usage_lines)(run_ids)
+
+
+def _with_tail_sync(stream, run_ids):
+    yield from stream
+    yield usage_lines(run_ids)
+
+
+def ndjson_response(
+    request, run_ids: dict[int, str], filename: str, usage: bool = False
+) -> StreamingHttpResponse:
     if isinstance(request, ASGIRequest):
         stream = aiter_ndjson(run_ids, PAGE_SIZE)
+        if usage:
+            stream = _with_tail(stream, run_ids)
     else:
         stream = iter_ndjson(run_ids, PAGE_SIZE)
+        if usage:
+            stream = _with_tail_sync(stream, run_ids)
     response = StreamingHttpResponse(stream, content_type=CONTENT_TYPE)
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     response["Cache-Control"] = "no-store"

@@ -1,12 +1,16 @@
 """Runs: list and filter, detail, subtree, events, NDJSON export, and the run actions."""
 
 import json
+from typing import Annotated, Literal
 
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db.models import F, Q
+from django.db.models.functions import Coalesce
 from django.http import Http404, HttpResponse
 from django.utils import timezone
 from ninja import Query, Router, Schema
 from pydantic import Field
+from pydantic import Field as PydanticField
 
 from dashboard.api import export
 from dashboard.api.core import (
@@ -19,6 +23,8 @@ from dashboard.api.core import (
     strict_query,
 )
 from dashboard.api.schemas import (
+    BudgetBody,
+    BudgetOut,
     CancelBody,
     CancelReport,
     DepthParam,
@@ -39,8 +45,9 @@ from dashboard.api.schemas import (
 )
 from delegation import selectors
 from delegation.models import RunStatus
-from delegation.services import operator
+from delegation.services import budgets, operator
 from delegation.services.launch import Launch, do_launch_run
+from delegation.wire import BudgetLimits
 
 router = Router(tags=["runs"])
 
@@ -75,9 +82,17 @@ def counts_out(counts: dict[str, int]) -> dict:
     return out
 
 
-def run_item(row: dict) -> dict:
+def with_usage(item: dict, now) -> dict:
+    """Replace a row's joined rollup and budget columns with ``usage`` and ``budget``."""
+    item["usage"], item["budget"] = selectors.pop_usage(
+        item, item["createdAt"], item["finishedAt"], item["status"], now
+    )
+    return item
+
+
+def run_item(row: dict, now=None) -> dict:
     """A row of ``selectors.run_rows`` as the API shows it: "" for absent references."""
-    item = dict(row)
+    item = with_usage(dict(row), now or timezone.now())
     for key in ("parentRunId", "parentConversationId", "leaseId"):
         if item[key] is None:
             item[key] = ""
@@ -87,6 +102,17 @@ def run_item(row: dict) -> dict:
 
 
 # --- List ------------------------------------------------------------------------------------
+
+
+# A cursor of the default order is the run's key; of a usage order, the value and the key.
+RunCursor = Annotated[
+    str,
+    PydanticField(
+        pattern=r"^(r[0-9a-f]{1,16}|[ct][0-9a-f]{1,16}\.[0-9a-f]{1,16})$",
+        description="Opaque position from a previous page's `next`; pass it back unchanged "
+        "with the same `order`.",
+    ),
+]
 
 
 class RunFilters(Schema):
@@ -111,16 +137,60 @@ class RunFilters(Schema):
         description="Case-insensitive substring of the run's runId, conversationId, output, "
         "error or any of its event texts",
     )
-    cursor: cursor_param("r") = None
+    order: Literal["-created", "-subtreeCost", "-subtreeTokens"] = Field(
+        default="-created",
+        description="Newest first (default), or by the subtree's cost or tokens (in + out), "
+        "highest first, ties newest first",
+    )
+    cursor: RunCursor = None
     limit: LimitParam = DEFAULT_LIMIT
+
+
+_USAGE_ORDERS = {
+    "-subtreeCost": ("c", Coalesce(F("rollup__sub_cost_nanos"), 0)),
+    "-subtreeTokens": (
+        "t",
+        Coalesce(F("rollup__sub_tokens_in"), 0) + Coalesce(F("rollup__sub_tokens_out"), 0),
+    ),
+}
+
+
+_CURSOR_ORDERS = {kind: order for order, (kind, _expr) in _USAGE_ORDERS.items()}
+BIGINT_MAX = 2**63 - 1
+
+
+def usage_page(rows, order: str, cursor: str | None, limit: int) -> dict:
+    """Keyset page by (usage value, pk), both descending: one indexed-order scan, no OFFSET.
+
+    The value moves as usage commits; a run whose figure rises after it was served may show
+    up again on a later page, but none is skipped that kept its figure.
+    """
+    kind, expression = _USAGE_ORDERS[order]
+    rows = rows.annotate(sort_key=expression).order_by("-sort_key", "-pk")
+    if cursor is not None:
+        value_hex, key_hex = cursor[1:].split(".", 1)
+        value = min(int(value_hex, 16), BIGINT_MAX)
+        key = min(int(key_hex, 16), BIGINT_MAX)
+        rows = rows.filter(Q(sort_key__lt=value) | Q(sort_key=value, pk__lt=key))
+    items = list(rows[: limit + 1])
+    following = None
+    if len(items) > limit:
+        items = items[:limit]
+        last = items[-1]
+        following = f"{kind}{last['sort_key']:x}.{last['pk']:x}"
+    for item in items:
+        item.pop("sort_key", None)
+    return {"items": items, "next": following}
 
 
 @router.get(
     "/runs",
     response={200: RunPage, **LIST},
-    summary="List runs, newest first",
+    summary="List runs, newest first (or by subtree cost)",
     description="Filters combine with AND. Keyset-paginated on the run's primary key "
-    "(newest first): a page never shifts when runs are added meanwhile.",
+    "(newest first): a page never shifts when runs are added meanwhile. With "
+    "`order=-subtreeCost` (or `-subtreeTokens`) the runs whose subtrees cost most come first, "
+    "keyset-paginated on (that figure, key).",
 )
 @strict_query(RunFilters, lists=("status",))
 def list_runs(request, filters: Query[RunFilters]):
@@ -141,8 +211,16 @@ def list_runs(request, filters: Query[RunFilters]):
         created_before=filters.created_before,
         q=filters.q,
     )
-    page = keyset_page(selectors.run_rows(runs), "r", filters.cursor, filters.limit)
-    page["items"] = [run_item(row) for row in page["items"]]
+    order = filters.order
+    if filters.cursor is not None:
+        # A cursor carries the order it was made for, so the pages of one listing agree.
+        order = _CURSOR_ORDERS.get(filters.cursor[0], "-created")
+    if order in _USAGE_ORDERS:
+        page = usage_page(selectors.run_rows(runs), order, filters.cursor, filters.limit)
+    else:
+        page = keyset_page(selectors.run_rows(runs), "r", filters.cursor, filters.limit)
+    now = timezone.now()
+    page["items"] = [run_item(row, now) for row in page["items"]]
     return page
 
 
@@ -188,6 +266,7 @@ def get_run(request, runId: str):  # noqa: N803
         updatedAt=run.updated_at,
         finishedAt=run.finished_at,
     )
+    result["usage"], result["budget"] = selectors.usage_of_run(run)
     return result
 
 
@@ -196,6 +275,11 @@ class TreeQuery(Schema):
         default=None,
         description="How many levels below the run to include (0: the run alone). "
         "Default: all. Nodes on the boundary carry childCounts and childrenIncluded=false.",
+    )
+    usage: QueryBool = Field(
+        default=False,
+        description="Also each node's rollup (own and subtree tokens and cost, runs, live "
+        "runs) and budget (limits, stop reason); the run's detail has all of it",
     )
 
 
@@ -209,12 +293,14 @@ class TreeQuery(Schema):
 @strict_query(TreeQuery)
 def get_tree(request, runId: str, params: Query[TreeQuery]):  # noqa: N803
     run = find_run(runId)
-    rows, counts = selectors.subtree_with_counts(run, params.levels)
+    rows, counts = selectors.subtree_with_counts(run, params.levels, params.usage)
     boundary = run.depth + params.levels if params.levels is not None else None
     root_run_id = run.root.run_id if run.root_id else run.run_id
     nodes = {}
     top = None
     for row in rows:
+        if params.usage:
+            selectors.pop_tree_usage(row)
         pk, parent_pk = row.pop("pk"), row.pop("parent_id")
         parent = nodes.get(parent_pk)
         if parent is not None:
@@ -285,6 +371,11 @@ class ExportParams(Schema):
     subtree: QueryBool = Field(
         default=False, description="Also every run below it (each line names its runId)"
     )
+    usage: QueryBool = Field(
+        default=False,
+        description="After the events, one line per run with its rollup and budget: "
+        '`{"runId", "record": "usage", "usage": {own, subtree}, "budget": {...} | null}`',
+    )
 
 
 @router.get(
@@ -307,7 +398,7 @@ class ExportParams(Schema):
 def export_events(request, runId: str, params: Query[ExportParams]):  # noqa: N803
     run = find_run(runId)
     runs = selectors.subtree_run_ids(run) if params.subtree else {run.pk: run.run_id}
-    return export.ndjson_response(request, runs, filename=f"{run.pk}.ndjson")
+    return export.ndjson_response(request, runs, filename=f"{run.pk}.ndjson", usage=params.usage)
 
 
 @router.get(
@@ -398,3 +489,45 @@ def steer_run(request, runId: str, body: SteerBody):  # noqa: N803
     return operator.do_steer_run(
         actor_for(request), run, request_id=body.request_id, message=body.message
     )
+
+
+def _limits(body: BudgetBody) -> BudgetLimits:
+    return BudgetLimits.model_validate(
+        body.model_dump(by_alias=True, exclude_unset=True, exclude={"reason"})
+    )
+
+
+BUDGET_DOC = (
+    "Needs the operator role (a refusal is audited); the change is audited with the limits "
+    "before and after. The budget bounds the run's whole subtree: a `child.start` beyond "
+    "`maxRuns`/`maxLive`, or once tokens or cost are used up, is refused with −32017; crossing "
+    "`maxTokens`, `maxCostUsd` or `maxSeconds` cancels the subtree (`budget-exceeded`), and 80% "
+    "stores one `budget-warning`. Setting a budget re-arms both, and a limit set below what is "
+    "already used stops the subtree at once."
+)
+
+
+@router.put(
+    "/runs/{runId}/budget",
+    response={200: BudgetOut, **ACT},
+    summary="Set a run's budget (exactly these limits)",
+    description=BUDGET_DOC,
+)
+@strict_query(NoParams)
+def put_budget(request, runId: str, body: BudgetBody):  # noqa: N803
+    run = find_run(runId)
+    budgets.do_set_budget(actor_for(request), run, _limits(body), replace=True, reason=body.reason)
+    return selectors.usage_of_run(find_run(runId))[1]
+
+
+@router.patch(
+    "/runs/{runId}/budget",
+    response={200: BudgetOut, **ACT},
+    summary="Change some limits of a run's budget",
+    description=BUDGET_DOC,
+)
+@strict_query(NoParams)
+def patch_budget(request, runId: str, body: BudgetBody):  # noqa: N803
+    run = find_run(runId)
+    budgets.do_set_budget(actor_for(request), run, _limits(body), replace=False, reason=body.reason)
+    return selectors.usage_of_run(find_run(runId))[1]

@@ -108,6 +108,8 @@ def _fingerprint(row: dict) -> tuple:
         row["cancelRequested"],
         row["finishedAt"],
         tuple((lease["leaseId"], lease["expiresAt"]) for lease in row["leases"]),
+        tuple(row["usage"].values()),
+        repr(row["budget"]),
     )
 
 
@@ -491,6 +493,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
                 summary["runs"],
                 summary["maxDepth"],
                 tuple(sorted(summary["counts"].items())),
+                summary["tokens"],
+                summary["costUsd"],
+                summary["budgetStopped"],
             )
             if self.root_state.get(pk) == state or pk not in self.roots:
                 continue

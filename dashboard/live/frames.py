@@ -186,6 +186,24 @@ class EventsFrame(_Out):
     events: list[LiveEvent]
 
 
+class TreeUsage(_Out):
+    """The subtree's rollup (itself included): tokens in + out, cost, runs, live runs."""
+
+    tokens: int
+    cost_usd: float = Field(alias="costUsd")
+    own_cost_usd: float = Field(alias="ownCostUsd")
+    live: int
+    runs: int
+
+
+class TreeBudget(_Out):
+    """The run's budget: its limits by name, and why it stopped the subtree (if it did)."""
+
+    limits: dict[str, float]
+    warned: bool
+    exceeded_reason: str = Field(alias="exceededReason")
+
+
 class TreeRow(_Out):
     pk: int
     run_id: str = Field(alias="runId")
@@ -203,6 +221,8 @@ class TreeRow(_Out):
     cancel_requested: bool = Field(alias="cancelRequested")
     under_lease: bool = Field(alias="underLease")
     leases: list[dict[str, Any]]
+    usage: TreeUsage
+    budget: TreeBudget | None
 
 
 class TreeFrame(_Out):
@@ -228,6 +248,9 @@ class SummaryFrame(_Out):
     profile: str
     runner_id: str = Field(alias="runnerId")
     conversation_id: str = Field(alias="conversationId")
+    tokens: int
+    cost_usd: float = Field(alias="costUsd")
+    budget_stopped: str = Field(alias="budgetStopped")
 
 
 class NewTreeFrame(_Out):

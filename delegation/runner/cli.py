@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -97,6 +98,20 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--root-profile",
         default=None,
         help="preset the --root runs use (default: the engine's first preset)",
+    )
+    roots.add_argument(
+        "--root-budget",
+        type=_budget_arg,
+        default=None,
+        metavar="JSON",
+        help='budget of each --root run\'s tree, e.g. \'{"maxCostUsd": 0.5, "maxRuns": 20}\' '
+        "(maxRuns, maxLive, maxTokens, maxCostUsd, maxSeconds)",
+    )
+    roots.add_argument(
+        "--demo-budget-every",
+        type=int,
+        default=3,
+        help="scripted demo: every Nth root gets a small cost budget that stops it (0: none)",
     )
     roots.add_argument("--once", action="store_true", help="exit when the --root runs are done")
     roots.add_argument(
@@ -273,7 +288,9 @@ async def run(args) -> int:
     )
     roots = []
     for message in args.root:
-        roots.append(await host.open_root(message, profile=args.root_profile))
+        roots.append(
+            await host.open_root(message, profile=args.root_profile, budget=args.root_budget)
+        )
     work = []
     if args.demo:
         if engine.name != "scripted":
@@ -315,6 +332,19 @@ async def _wait_roots(host: RunnerHost, roots) -> None:
         await host.wait(ctx.run_id)
 
 
+DEMO_BUDGET_USD = 0.15
+
+
+def _budget_arg(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
 async def demo(host: RunnerHost, engine: ScriptedEngine, args) -> None:
     """Keep a live forest growing: a new root every interval, a few alive at once."""
     live: list[str] = []
@@ -324,8 +354,14 @@ async def demo(host: RunnerHost, engine: ScriptedEngine, args) -> None:
         if len(live) < max(1, args.demo_max_live):
             opened += 1
             path = f"{host.generation % 100000}-{opened}"
+            # Some demo trees run under a budget too small for them, so the dashboard shows a
+            # budget stopping a tree, with its reason.
+            every = getattr(args, "demo_budget_every", 0)
+            budget = {"maxCostUsd": DEMO_BUDGET_USD} if every and opened % every == 0 else None
             try:
-                ctx = await host.open_root(engine.root_message(path), profile="planner")
+                ctx = await host.open_root(
+                    engine.root_message(path), profile="planner", budget=budget
+                )
             except ClientError as exc:
                 log.warning("could not open a demo root: %s", exc)
             else:

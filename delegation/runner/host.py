@@ -262,8 +262,10 @@ class RunnerHost:
         conversation_id: str | None = None,
         run_id: str | None = None,
         depth: int | None = None,
+        budget: dict | None = None,
     ) -> RunContext:
-        """``run.open`` a top-level run and execute the engine on it in the background."""
+        """``run.open`` a top-level run and execute the engine on it in the background;
+        ``budget`` (SPEC §10) bounds its whole tree."""
         self._root_counter += 1
         stamp = f"{self.generation}-{self._root_counter}"
         conversation_id = conversation_id or f"root-{stamp}"
@@ -278,6 +280,7 @@ class RunnerHost:
             profile=profile,
             extension_id=self.extension_id if profile else None,
             depth=depth,
+            budget=budget,
         )
         ctx = RunContext(
             host=self,

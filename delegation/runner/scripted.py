@@ -39,6 +39,38 @@ TOPICS = (
 )
 
 
+# The simulated model's price per million tokens (in, out, cache read, cache write), so the
+# usage events carry a cost the way an agent's own report would (SPEC §10).
+MODEL = "scripted-sonnet"
+PRICES_PER_MTOK = (3.0, 15.0, 0.30, 3.75)
+
+
+def turn_usage(rng: random.Random, turn: int) -> dict:
+    """One model turn's usage: the prompt grows with the turn, most of it read from cache."""
+    prompt = rng.randint(1_500, 6_000) + turn * rng.randint(800, 2_500)
+    cached = int(prompt * rng.uniform(0.4, 0.85)) if turn else 0
+    written = rng.randint(0, 1_200) if turn == 0 else rng.randint(0, 400)
+    fresh = prompt - cached
+    out = rng.randint(150, 1_800)
+    price_in, price_out, price_read, price_write = PRICES_PER_MTOK
+    cost = (fresh * price_in + out * price_out + cached * price_read + written * price_write) / 1e6
+    return {
+        "inputTokens": fresh,
+        "outputTokens": out,
+        "cacheReadTokens": cached,
+        "cacheWriteTokens": written,
+        "costUsd": round(cost, 6),
+        "model": MODEL,
+    }
+
+
+def usage_text(usage: dict) -> str:
+    return (
+        f"tokens {usage['inputTokens']} in, {usage['outputTokens']} out, "
+        f"{usage['cacheReadTokens']} cached, ${usage['costUsd']:.4f}"
+    )
+
+
 @dataclass
 class ScriptedConfig:
     seed: int = 1
@@ -179,21 +211,13 @@ class ScriptedEngine:
         await self.say(ctx, f"Starting on: {task[:200]}")
         for step in range(self.config.steps):
             await self.tool_step(ctx, rng, step)
+            await self.report_usage(ctx, rng, step)
         notes = []
         if plan.spawn:
             notes = await self.delegate(ctx, plan, task, rng)
         if plan.long:
             await self.work_long(ctx)
-        await ctx.emit(
-            event(
-                "usage",
-                f"tokens in={rng.randint(800, 9000)} out={rng.randint(200, 3000)}",
-                input={
-                    "inputTokens": rng.randint(800, 9000),
-                    "outputTokens": rng.randint(200, 3000),
-                },
-            )
-        )
+        await self.report_usage(ctx, rng, self.config.steps)
         if plan.fail:
             message = f"simulated failure in {plan.path}: the tests would not pass"
             await ctx.emit(event("error", error=message))
@@ -202,6 +226,12 @@ class ScriptedEngine:
         await self.say(ctx, "Wrapping up.")
         await ctx.emit(event("result", summary))
         return Outcome(output=summary)
+
+    async def report_usage(self, ctx: RunContext, rng: random.Random, turn: int) -> None:
+        """A usage event per model turn, as agents report them (not one sum at the end, which
+        is how budgets come to overshoot)."""
+        usage = turn_usage(rng, turn)
+        await ctx.emit(event("usage", usage_text(usage), input=usage))
 
     async def tool_step(self, ctx: RunContext, rng: random.Random, step: int) -> None:
         tool = rng.choice(TOOLS)

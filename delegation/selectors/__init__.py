@@ -59,6 +59,14 @@ from delegation.selectors.trees import (
     tree_summaries,
     trees_matching,
 )
+from delegation.selectors.usage import (
+    pop_tree_usage,
+    pop_usage,
+    usage_of_run,
+    usage_rows,
+    usage_shape,
+    usage_values,
+)
 
 __all__ = [
     "EVENT_FIELDS",
@@ -73,6 +81,12 @@ __all__ = [
     "event_wire",
     "events_after",
     "get_run",
+    "pop_tree_usage",
+    "pop_usage",
+    "usage_of_run",
+    "usage_rows",
+    "usage_shape",
+    "usage_values",
     "get_lease",
     "get_run_by_pk",
     "launch_choices",

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from django.db.models import Count, Max, Q
+from django.db.models import Count, F, Max, Q
 from django.db.models.functions import Coalesce
 
-from delegation.models import TERMINAL_STATUSES, Lease, LeaseState, Run, RunStatus
+from delegation.models import TERMINAL_STATUSES, Lease, LeaseState, Run, RunRollup, RunStatus
 from delegation.selectors.events import millis
 from delegation.selectors.runs import subtree_row_values, text_matches
 
@@ -77,7 +77,7 @@ def tree_rows(top: Run, only_pks=None) -> list[dict]:
         runs = runs.filter(pk__in=list(only_pks))
     elif top.root_id is not None:
         runs = runs.filter(depth__gte=top.depth)
-    values = list(runs.order_by("depth", "id").values(*TREE_ROW_FIELDS))
+    values = list(runs.order_by("depth", "id").values(*TREE_ROW_FIELDS, **TREE_USAGE_FIELDS))
     if only_pks is None and top.root_id is not None:
         values, _keep = _branch(values, top.pk)
     parent_pks = {row["parent_id"] for row in values if row["parent_id"]}
@@ -111,9 +111,64 @@ def tree_rows(top: Run, only_pks=None) -> list[dict]:
             "cancelRequested": row["cancel_requested_at"] is not None,
             "underLease": row["lease_id"] is not None,
             "leases": leases.get(row["pk"], []),
+            **_tree_usage(row),
         }
         for row in values
     ]
+
+
+# What a tree row shows of its rollup and budget: only figures that change when rows commit
+# (no wall time), so an unchanged row is never resent; the page computes time itself.
+TREE_USAGE_FIELDS = {
+    "u_tokens_in": F("rollup__sub_tokens_in"),
+    "u_tokens_out": F("rollup__sub_tokens_out"),
+    "u_cost": F("rollup__sub_cost_nanos"),
+    "u_own_cost": F("rollup__own_cost_nanos"),
+    "u_running": F("rollup__sub_running"),
+    "u_total": F("rollup__sub_running")
+    + F("rollup__sub_succeeded")
+    + F("rollup__sub_failed")
+    + F("rollup__sub_cancelled")
+    + F("rollup__sub_lost"),
+    "b_pk": F("budget__run_id"),
+    "b_runs": F("budget__max_runs"),
+    "b_live": F("budget__max_live"),
+    "b_tokens": F("budget__max_tokens"),
+    "b_cost": F("budget__max_cost_nanos"),
+    "b_seconds": F("budget__max_seconds"),
+    "b_warned": F("budget__warned_at"),
+    "b_exceeded": F("budget__exceeded_reason"),
+}
+_NANOS = 1_000_000_000
+
+
+def _tree_usage(row: dict) -> dict:
+    usage = {
+        "tokens": (row["u_tokens_in"] or 0) + (row["u_tokens_out"] or 0),
+        "costUsd": (row["u_cost"] or 0) / _NANOS,
+        "ownCostUsd": (row["u_own_cost"] or 0) / _NANOS,
+        "live": row["u_running"] or 0,
+        "runs": row["u_total"] or 0,
+    }
+    budget = None
+    if row["b_pk"] is not None:
+        limits = {
+            name: value
+            for name, value in (
+                ("maxRuns", row["b_runs"]),
+                ("maxLive", row["b_live"]),
+                ("maxTokens", row["b_tokens"]),
+                ("maxCostUsd", None if row["b_cost"] is None else row["b_cost"] / _NANOS),
+                ("maxSeconds", row["b_seconds"]),
+            )
+            if value is not None
+        }
+        budget = {
+            "limits": limits,
+            "warned": row["b_warned"] is not None,
+            "exceededReason": row["b_exceeded"] or "",
+        }
+    return {"usage": usage, "budget": budget}
 
 
 def tree_rows_changed(top_pk: int, only_pks=None, since=None) -> list[dict]:
@@ -133,6 +188,10 @@ def tree_rows_changed(top_pk: int, only_pks=None, since=None) -> list[dict]:
     tree = Run.objects.in_tree(tree_root_pk(top))
     pks = set(only_pks or ())
     pks.update(tree.filter(updated_at__gte=since).values_list("pk", flat=True))
+    # An ancestor's rollup moves when a descendant reports usage or changes status.
+    pks.update(
+        RunRollup.objects.filter(run__in=tree, updated_at__gte=since).values_list("pk", flat=True)
+    )
     pks.update(
         Lease.objects.filter(parent_run__in=tree)
         .filter(Q(created_at__gte=since) | Q(ended_at__gte=since))
@@ -159,6 +218,17 @@ def tree_summaries(root_pks) -> dict[int, dict]:
         summary["counts"][row["status"]] = row["n"]
         summary["runs"] += row["n"]
         summary["maxDepth"] = max(summary["maxDepth"], row["deepest"])
+    for summary in summaries.values():
+        summary.update(tokens=0, costUsd=0.0, budgetStopped="")
+    # The roots' rollups: the whole tree's usage, kept current as rows commit.
+    for pk, tokens_in, tokens_out, cost, stopped in RunRollup.objects.filter(
+        pk__in=root_pks
+    ).values_list(
+        "pk", "sub_tokens_in", "sub_tokens_out", "sub_cost_nanos", "run__budget__exceeded_reason"
+    ):
+        summaries[pk].update(
+            tokens=tokens_in + tokens_out, costUsd=cost / _NANOS, budgetStopped=stopped or ""
+        )
     return summaries
 
 
@@ -217,7 +287,9 @@ def trees_matching(
     return roots.order_by("-created_at", "-id")
 
 
-def subtree_with_counts(run: Run, levels: int | None = None) -> tuple[list[dict], dict]:
+def subtree_with_counts(
+    run: Run, levels: int | None = None, usage: bool = False
+) -> tuple[list[dict], dict]:
     """``run``'s subtree down to ``levels`` below it, and child counts of every node.
 
     Two queries whatever the size of the tree: the rows through the denormalised root (the
@@ -230,7 +302,7 @@ def subtree_with_counts(run: Run, levels: int | None = None) -> tuple[list[dict]
     if levels is not None:
         rows_qs = rows_qs.filter(depth__lte=run.depth + levels)
         counts_qs = counts_qs.filter(depth__lte=run.depth + levels + 1)
-    rows = list(subtree_row_values(rows_qs.order_by("depth", "id")))
+    rows = list(subtree_row_values(rows_qs.order_by("depth", "id"), usage))
     branch, keep = _branch(rows, run.pk)
     counts: dict[int, dict[str, int]] = {}
     for row in counts_qs.values("parent_id", "status").annotate(n=Count("id")).order_by():

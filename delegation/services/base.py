@@ -47,6 +47,11 @@ def _server_event_stored():
 
 
 def mark_finished(run: Run, status: str, *, error: str = "", output: str | None = None):
+    """Every terminal transition goes through here, and so reaches the rollups (run the caller
+    inside ``rollups.batch()`` when it locks other runs afterwards)."""
+    from delegation.services import rollups
+
+    old = run.status
     run.status = status
     run.done = True
     run.cancelled = status == RunStatus.CANCELLED
@@ -66,6 +71,7 @@ def mark_finished(run: Run, status: str, *, error: str = "", output: str | None 
             "updated_at",
         ]
     )
+    rollups.status_changed(run, old, status)
     notify.run_changed(run)
     # Imported here: the alert services build on the operator services, which build on this.
     from delegation.services import alerts

@@ -21,6 +21,7 @@ from delegation import depth as depthlib
 from delegation import notify
 from delegation.errors import (
     ADMISSION_REFUSED,
+    BUDGET_EXHAUSTED,
     DEPTH_LIMIT,
     INVALID_PARAMS,
     LEASE_GONE,
@@ -43,6 +44,7 @@ from delegation.models import (
     Session,
 )
 from delegation.selectors import RESULT_RELATED, events_after, snapshot
+from delegation.services import budgets, rollups
 from delegation.services.base import lock_run, store_server_event
 from delegation.services.operator import (
     Actor,
@@ -259,12 +261,12 @@ def start_child(caller: Caller | Connection, params: Params) -> dict:
 
 def _child_start(caller: Caller, params: Params):
     try:
-        with transaction.atomic():
+        with transaction.atomic(), rollups.batch():
             return _child_start_locked(caller, params)
     except IntegrityError:
         # Two identical child.start calls raced past the idempotency check on a backend
         # without a parent-row lock; the winner is stored, so answer as a replay.
-        with transaction.atomic():
+        with transaction.atomic(), rollups.batch():
             return _child_start_locked(caller, params)
 
 
@@ -338,11 +340,33 @@ def _child_start_locked(caller: Caller, params: Params):
             f"{settings.DELEGATION_MAX_CONCURRENT}); wait for one to finish",
         )
     session = _resumed_session(runner, parent, params, request) if request.resume else None
+    request_options = request.options.wire() if request.options is not None else {}
+    budget = request_options.pop("budget", None)
     options = narrow_options(
         parent.options,
         ("preset.options", preset.options or {}),
-        ("request.options", (request.options.wire() if request.options is not None else {})),
+        ("request.options", request_options),
     )
+    exhausted = budgets.admit_child(parent)
+    if exhausted is not None:
+        store_server_event(
+            parent,
+            "delegation-refused",
+            actor=f"runner:{runner.name}",
+            text=exhausted.message,
+            error=exhausted.message,
+            tool_call_id=params.tool_call_id,
+            data={
+                "requestId": request.request_id,
+                "profile": request.profile,
+                "code": BUDGET_EXHAUSTED,
+                "budgetRunId": exhausted.budget_run_id,
+                "limit": exhausted.limit,
+            },
+        )
+        parent.refused_spawns += 1
+        parent.save(update_fields=["refused_spawns"])
+        return _Refusal(exhausted.error())
     cwd = request.cwd or ""
     if cwd and runner.workspace:
         try:
@@ -376,6 +400,7 @@ def _child_start_locked(caller: Caller, params: Params):
         runner=runner,
         parent=parent,
         root_id=parent.root_id or parent.pk,
+        ancestry=rollups.chain_of(parent),
         # A resumed session keeps the level it was recorded at; never lower than parent + 1.
         depth=max(session.depth, child_depth),
         extension_id=params.extension_id,
@@ -395,6 +420,11 @@ def _child_start_locked(caller: Caller, params: Params):
         created_at=now,
         updated_at=now,
     )
+    rollups.run_created(child)
+    if budget is not None:
+        budgets.set_runner_budget(
+            child, request.options.budget, "request.options.budget", f"runner:{runner.name}"
+        )
     child = Run.objects.select_related(*RESULT_RELATED).get(pk=child.pk)
     result = snapshot(child)
     execute = {

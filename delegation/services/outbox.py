@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from delegation import notify
 from delegation.models import AuditEntry, Command, Run, Runner, RunStatus, SteerReceipt
+from delegation.services import rollups
 from delegation.services.base import Connection, lock_run, mark_finished, store_server_event
 from delegation.wire import canonical
 
@@ -49,7 +50,7 @@ def claim_commands(conn: Connection, limit: int = 100) -> list[Command]:
 
 def command_answered(conn: Connection, command_pk: int, result=None, error=None) -> None:
     """A runner answered a server request: store the answer, then act on it by method."""
-    with transaction.atomic():
+    with transaction.atomic(), rollups.batch():
         command = (
             Command.objects.select_for_update()
             .filter(pk=command_pk, runner_id=conn.runner_pk, answered_at__isnull=True)

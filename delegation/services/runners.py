@@ -16,7 +16,7 @@ from delegation.models import (
     Runner,
     RunStatus,
 )
-from delegation.services import alerts
+from delegation.services import alerts, rollups
 from delegation.services.base import Connection, lock_run, mark_finished
 from delegation.services.operator import Actor, audit, do_release_lease
 from delegation.wire import RegisterParams
@@ -43,7 +43,7 @@ def current_runner(conn: Connection, lock: bool = True) -> Runner:
 
 def register(conn: Connection, params: RegisterParams) -> tuple[dict, int, str]:
     """Bump the generation (fencing every older connection) and replace the presets."""
-    with transaction.atomic():
+    with transaction.atomic(), rollups.batch():
         runner = Runner.objects.select_for_update().get(pk=conn.runner_pk)
         if runner.revoked_at is not None:
             raise RpcError(STALE_CONNECTION, "runner token was revoked")

@@ -18,6 +18,7 @@ from delegation.models import (
 )
 from delegation.protocol import SERVER_EVENT_KINDS
 from delegation.selectors import EVENT_FIELDS, RESULT_RELATED, live_event_row, snapshot
+from delegation.services import budgets, rollups
 from delegation.services.base import lock_run, mark_finished
 from delegation.services.operator import Actor, request_cancel
 from delegation.services.runners import Connection, current_runner
@@ -27,7 +28,9 @@ from delegation.wire import (
     RunFinishParams,
     RunOpenParams,
     ToolEndParams,
+    Usage,
     canonical,
+    parse_model,
     truncate_utf8,
     utf8_len,
 )
@@ -42,6 +45,12 @@ def open_run(conn: Connection, params: RunOpenParams) -> dict:
             if existing.runner_id == runner.pk and (
                 existing.session.conversation_id == params.conversation_id
             ):
+                if params.budget is not None:
+                    # A runner may narrow its run's budget again, never raise it.
+                    existing = lock_run(existing.pk)
+                    budgets.set_runner_budget(
+                        existing, params.budget, "budget", f"runner:{runner.name}"
+                    )
                 return snapshot(existing)
             raise RpcError(INVALID_PARAMS, f"runId: {params.run_id!r} is already in use")
         session = Session.objects.filter(conversation_id=params.conversation_id).first()
@@ -79,6 +88,9 @@ def open_run(conn: Connection, params: RunOpenParams) -> dict:
             host_instance_id=runner.host_instance_id,
             options=options,
         )
+        rollups.run_created(run)
+        if params.budget is not None:
+            budgets.set_runner_budget(run, params.budget, "budget", f"runner:{runner.name}")
         notify.run_changed(run, new_run=True)
         return snapshot(run)
 
@@ -123,13 +135,39 @@ def _same_event(row: dict, stored: Event) -> bool:
 
 
 def append_events(conn: Connection, params: RunEventParams) -> dict:
-    """Exactly-once append (SPEC §5): replays are skipped, conflicts and gaps refuse the frame."""
+    """Exactly-once append (SPEC §5): replays are skipped, conflicts and gaps refuse the frame.
+
+    Usage events add to the rollups in the same transaction; a budget they bring to 80% or
+    past a limit is acted on right after the commit (``budgets.enforce``)."""
+    usages: dict[int, Usage] = {}
     for index, event in enumerate(params.events):
         if event.kind in SERVER_EVENT_KINDS:
             raise RpcError(
                 INVALID_PARAMS, f"events[{index}].kind: {event.kind!r} is reserved for the server"
             )
+        if event.kind == "usage":
+            usages[index] = parse_model(Usage, event.input, f"events[{index}].input")
     rows = [_normalise_event(event) for event in params.events]
+    answer, due = _append(conn, params, rows, usages)
+    if due:
+        budgets.enforce(due)
+    return answer
+
+
+def _usage_totals(usages) -> dict[str, int]:
+    totals = {"tokens_in": 0, "tokens_out": 0, "cache_read": 0, "cache_write": 0, "cost_nanos": 0}
+    for usage in usages:
+        totals["tokens_in"] += usage.input_tokens
+        totals["tokens_out"] += usage.output_tokens
+        totals["cache_read"] += usage.cache_read_tokens
+        totals["cache_write"] += usage.cache_write_tokens
+        totals["cost_nanos"] += rollups.cost_nanos(usage.cost_usd)
+    totals["events"] = len(usages)
+    return totals
+
+
+def _append(conn: Connection, params: RunEventParams, rows, usages) -> tuple[dict, list[int]]:
+    due: list[int] = []
     with transaction.atomic():
         runner = current_runner(conn, lock=False)
         run = Run.objects.select_for_update().filter(run_id=params.run_id, runner=runner).first()
@@ -180,6 +218,11 @@ def append_events(conn: Connection, params: RunEventParams) -> dict:
             run.emitted = next_index
             run.updated_at = now
             run.save(update_fields=fields)
+            fresh_usage = [usage for index, usage in usages.items() if index >= replayed]
+            if fresh_usage and rollups.enabled():
+                budgeted = rollups.usage_added(run, _usage_totals(fresh_usage))
+                if budgeted:
+                    due = budgets.budgets_to_check(budgeted)
             created_ms = int(now.timestamp() * 1000)
             first_sequence = next_sequence - len(fresh) + 1
             notify.run_changed(
@@ -192,7 +235,7 @@ def append_events(conn: Connection, params: RunEventParams) -> dict:
         answer = {"emitted": run.emitted, "sequence": run.last_sequence}
     if fresh:
         metrics.events_stored(len(fresh))
-    return answer
+    return answer, due
 
 
 _EVENT_COLUMNS = (
@@ -294,7 +337,7 @@ _INSERT_CHUNK = 500
 
 
 def finish_run(conn: Connection, params: RunFinishParams) -> dict:
-    with transaction.atomic():
+    with transaction.atomic(), rollups.batch():
         runner = current_runner(conn, lock=False)
         found = Run.objects.filter(run_id=params.run_id, runner=runner).values("pk").first()
         if found is None:

@@ -1,4 +1,4 @@
-"""Background upkeep: lease expiry and runner loss, safe to run in every process at once."""
+"""Background upkeep: lease expiry, runner loss and budgets' time limits, safe to run in every process at once."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from delegation import notify
 from delegation.models import Lease, LeaseState, Runner
+from delegation.services import budgets, rollups
 from delegation.services.operator import Actor, do_release_lease
 from delegation.services.runners import lose_runner
 
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 class SweepReport:
     expired_leases: list[str] = field(default_factory=list)
     lost_runners: list[str] = field(default_factory=list)
+    budget_stops: list[int] = field(default_factory=list)
 
 
 def sweep(now=None) -> SweepReport:
@@ -46,12 +48,13 @@ def sweep(now=None) -> SweepReport:
     for pk in Runner.objects.filter(
         connected=False, lost_at__isnull=True, disconnected_at__lte=now - grace
     ).values_list("pk", flat=True):
-        with transaction.atomic():
+        with transaction.atomic(), rollups.batch():
             runner = Runner.objects.select_for_update().filter(pk=pk).first()
             if runner is None or runner.connected or runner.lost_at is not None:
                 continue
             lose_runner(runner, now)
             report.lost_runners.append(runner.name)
+    report.budget_stops = budgets.sweep_budgets(now)
     return report
 
 

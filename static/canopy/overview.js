@@ -33,6 +33,8 @@ function newRow(treeId) {
     el("td", { class: "counts", "data-role": "counts" }),
     el("td", { class: "num", "data-role": "depth" }, "0"),
     el("td", { class: "num", "data-role": "total" }, "1"),
+    el("td", { class: "num mono", "data-role": "tokens" }, "0"),
+    el("td", { class: "num mono", "data-role": "cost" }, "$0.0000"),
     el("td", {}, el("time", { "data-ts": Date.now(), "data-relative": "1" }, "just now")),
     el("td", { class: "num mono", "data-duration": "1", "data-start": Date.now() }),
   );
@@ -58,6 +60,13 @@ function applySummary(frame) {
       el("span", { class: `count count-${s}`, "data-count": s, title: s }, el("i"), String(frame.counts[s])),
     ),
   );
+  tr.querySelector("[data-role=tokens]").textContent = String(frame.tokens ?? 0);
+  const cost = tr.querySelector("[data-role=cost]");
+  cost.replaceChildren(`$${(frame.costUsd ?? 0).toFixed(4)}`);
+  if (frame.budgetStopped) {
+    cost.title = frame.budgetStopped;
+    cost.append(" ", el("span", { class: "mark mark-budget", "data-role": "budget-stopped" }, "stopped"));
+  }
   const duration = tr.querySelector("[data-duration]");
   if (duration && frame.status !== "running" && !duration.dataset.end) duration.dataset.end = String(Date.now());
 }

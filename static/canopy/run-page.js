@@ -240,3 +240,8 @@ for (const form of document.querySelectorAll("form[data-confirm]")) {
   });
 }
 live.start();
+
+// Budget bars: widths set here, since the page's CSP allows no inline style attributes.
+for (const fill of document.querySelectorAll(".budget-bar > i[data-percent]")) {
+  fill.style.width = `${fill.dataset.percent}%`;
+}

@@ -253,12 +253,14 @@ export class TreeView extends EventTarget {
     if (row.via === "launch") markers.append(el("span", { class: "mark mark-via", title: "launched by an operator", "data-via": "launch" }, "launched"));
     if (row.refusedSpawns) markers.append(el("span", { class: "mark mark-refused", title: "spawns refused by the depth cap", "data-refused": row.refusedSpawns }, `⊘ ${row.refusedSpawns} refused`));
     if (row.cancelRequested && !TERMINAL.has(row.status)) markers.append(el("span", { class: "mark mark-cancel" }, "cancelling"));
+    if (row.budget) markers.append(budgetMarker(row));
     node.replaceChildren(
       name,
       status,
       el("span", { class: "muted" }, row.profile || "—"),
       el("span", { class: "mono muted" }, row.runner),
       el("span", { class: "num mono", "data-role": "events" }, row.events),
+      el("span", { class: "num mono", "data-role": "cost", title: `${(row.usage || {}).tokens || 0} tokens in the subtree` }, `$${((row.usage || {}).costUsd || 0).toFixed(4)}`),
       duration,
       markers,
     );
@@ -358,4 +360,40 @@ export class TreeView extends EventTarget {
     } else return;
     event.preventDefault();
   }
+}
+
+// The most-used limit of a run's budget, as a fraction (time counts while the run is live).
+export function budgetFraction(row, at = Date.now()) {
+  const limits = row.budget.limits;
+  const usage = row.usage || {};
+  const self = row.status === "running" ? 1 : 0;
+  const used = {
+    maxRuns: (usage.runs || 1) - 1,
+    maxLive: (usage.live || 0) - self,
+    maxTokens: usage.tokens || 0,
+    maxCostUsd: usage.costUsd || 0,
+    maxSeconds: ((row.finishedAt || at) - row.createdAt) / 1000,
+  };
+  let worst = 0;
+  let name = "";
+  for (const [limit, cap] of Object.entries(limits)) {
+    const fraction = cap ? used[limit] / cap : 1;
+    if (fraction >= worst) [worst, name] = [fraction, limit];
+  }
+  return { fraction: worst, limit: name };
+}
+
+function budgetMarker(row) {
+  const { fraction, limit } = budgetFraction(row);
+  const stopped = row.budget.exceededReason;
+  const level = stopped || fraction >= 1 ? "over" : fraction >= 0.8 ? "warn" : "ok";
+  const bar = el("span", { class: "budget-bar", "data-level": level }, el("i"));
+  bar.firstChild.style.width = `${Math.min(100, Math.round(fraction * 100))}%`;
+  const text = stopped ? "stopped" : `${Math.round(fraction * 100)}%`;
+  return el(
+    "span",
+    { class: `mark${stopped ? " mark-budget" : ""}`, "data-role": "budget", "data-level": level, title: stopped || `budget: ${Math.round(fraction * 100)}% of ${limit}` },
+    bar,
+    ` ${text}`,
+  );
 }

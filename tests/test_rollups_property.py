@@ -1,0 +1,182 @@
+"""Property (SPEC §10): for random trees with random usage events and status changes, after
+every call each run's rollup equals what its descendants' stored rows add up to.
+
+The expected figures are recomputed from the record itself (the usage events' `input`, the
+runs' statuses and parents), never from the rollup columns under test. The calls are the
+runner socket's service functions, on the test database.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+from django.db import transaction
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from delegation import rpc
+from delegation.errors import RpcError
+from delegation.models import Event, Run, RunRollup
+from delegation.services import rollups, runners
+from tests.test_concurrency import _connection, _start_params
+
+pytestmark = pytest.mark.django_db
+
+STATUSES = ("running", "succeeded", "failed", "cancelled", "lost")
+
+operation = st.one_of(
+    st.tuples(st.just("start"), st.integers(0, 10**6)),
+    st.tuples(
+        st.just("usage"),
+        st.integers(0, 10**6),
+        st.lists(
+            st.tuples(
+                st.integers(0, 5000),
+                st.integers(0, 5000),
+                st.integers(0, 300),
+                st.floats(0, 3, allow_nan=False, allow_infinity=False),
+            ),
+            min_size=1,
+            max_size=4,
+        ),
+    ),
+    st.tuples(st.just("finish"), st.integers(0, 10**6), st.sampled_from(["ok", "error", "cancel"])),
+    st.tuples(st.just("root"), st.integers(0, 10**6)),
+    st.tuples(st.just("rehost"), st.integers(0, 10**6)),
+)
+
+
+def expected_rollups() -> dict[int, dict]:
+    runs = list(Run.objects.values("pk", "parent_id", "status", "finished_at"))
+    own = defaultdict(lambda: defaultdict(int))
+    for run_pk, data in Event.objects.filter(kind="usage").values_list("run_id", "input"):
+        figures = own[run_pk]
+        figures["tokens_in"] += data["inputTokens"]
+        figures["tokens_out"] += data["outputTokens"]
+        figures["cache_read"] += data.get("cacheReadTokens", 0)
+        figures["cost_nanos"] += rollups.cost_nanos(data.get("costUsd", 0))
+        figures["events"] += 1
+    parent = {run["pk"]: run["parent_id"] for run in runs}
+    expected = {
+        run["pk"]: {
+            "own_tokens_in": own[run["pk"]]["tokens_in"],
+            "own_cost_nanos": own[run["pk"]]["cost_nanos"],
+            "own_usage_events": own[run["pk"]]["events"],
+            "sub_tokens_in": 0,
+            "sub_tokens_out": 0,
+            "sub_cache_read": 0,
+            "sub_cost_nanos": 0,
+            **{f"sub_{status}": 0 for status in STATUSES},
+            "sub_last_finished_at": None,
+        }
+        for run in runs
+    }
+    for run in runs:
+        node = run["pk"]
+        while node is not None:  # add the run to itself and every ancestor
+            totals = expected[node]
+            totals["sub_tokens_in"] += own[run["pk"]]["tokens_in"]
+            totals["sub_tokens_out"] += own[run["pk"]]["tokens_out"]
+            totals["sub_cache_read"] += own[run["pk"]]["cache_read"]
+            totals["sub_cost_nanos"] += own[run["pk"]]["cost_nanos"]
+            totals[f"sub_{run['status']}"] += 1
+            if run["finished_at"] is not None:
+                last = totals["sub_last_finished_at"]
+                totals["sub_last_finished_at"] = max(last or run["finished_at"], run["finished_at"])
+            node = parent[node]
+    return expected
+
+
+def stored_rollups() -> dict[int, dict]:
+    columns = list(next(iter(expected_rollups().values())).keys()) if Run.objects.exists() else []
+    return {row.pop("pk"): row for row in RunRollup.objects.values("pk", *columns)}
+
+
+class World:
+    def __init__(self):
+        self.conn = _connection("prop")
+        self.roots = 0
+        self.hosts = 1
+
+    def runs(self, live_only=False) -> list[Run]:
+        runs = Run.objects.order_by("pk")
+        if live_only:
+            runs = runs.filter(status="running")
+        return list(runs)
+
+    def apply(self, op) -> None:
+        kind, pick = op[0], op[1]
+        try:
+            if kind == "root" or not Run.objects.exists():
+                self.roots += 1
+                rpc.open_run(
+                    self.conn, {"conversationId": f"c{self.roots}", "runId": f"root{self.roots}"}
+                )
+            elif kind == "start":
+                live = self.runs(live_only=True)
+                if live:
+                    parent = live[pick % len(live)]
+                    rpc.child_start(self.conn, _start_params(parent.run_id, f"q{pick}-{parent.pk}"))
+            elif kind == "usage":
+                runs = self.runs()
+                run = runs[pick % len(runs)]
+                events = [
+                    {
+                        "kind": "usage",
+                        "input": {
+                            "inputTokens": a,
+                            "outputTokens": b,
+                            "cacheReadTokens": c,
+                            "costUsd": cost,
+                        },
+                    }
+                    for a, b, c, cost in op[2]
+                ]
+                rpc.append_events(
+                    self.conn, {"runId": run.run_id, "from": run.emitted + 1, "events": events}
+                )
+            elif kind == "finish":
+                live = self.runs(live_only=True)
+                if live:
+                    run = live[pick % len(live)]
+                    fields = {"ok": {"output": "x"}, "error": {"error": "e"}, "cancel": {}}[op[2]]
+                    if op[2] == "cancel":
+                        fields["cancelled"] = True
+                    rpc.finish_run(self.conn, {"runId": run.run_id, **fields})
+            elif kind == "rehost":
+                # A new host instance: every live run of the old one is lost in one transaction.
+                self.hosts += 1
+                _result, generation, _ = rpc.register(
+                    self.conn,
+                    {
+                        "hostInstanceId": f"host-{self.hosts}",
+                        "extensions": [
+                            {"extensionId": "ext", "generation": 1, "presets": [{"name": "worker"}]}
+                        ],
+                    },
+                )
+                self.conn = runners.Connection(
+                    runner_pk=self.conn.runner_pk,
+                    generation=generation,
+                    channel_name=self.conn.channel_name,
+                )
+        except RpcError:
+            pass  # a refusal (depth, caps) writes no usage or status: still checked below
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(st.lists(operation, min_size=1, max_size=30))
+def test_it_keeps_every_subtree_total_equal_to_the_sum_over_its_descendants(ops):
+    with transaction.atomic():
+        world = World()
+        for step, op in enumerate(ops):
+            world.apply(op)
+            expected = expected_rollups()
+            stored = stored_rollups()
+            assert stored == expected, f"after step {step} {op[0]}"
+        transaction.set_rollback(True)
