@@ -26,7 +26,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from delegation import roles, selectors
-from delegation.errors import PermissionRefused, RpcError
+from delegation.errors import INVALID_PARAMS, PermissionRefused, RpcError
 from delegation.models import (
     AuditEntry,
     Run,
@@ -403,19 +403,34 @@ def lease_release(request, pk):
 # --- Launch -------------------------------------------------------------------------------------
 
 
+def _launch_budget(form: dict) -> BudgetLimits | None:
+    """The form's optional budget fields (text) as the wire budget; None when both are empty."""
+    raw = {}
+    for name, kind in (("maxRuns", int), ("maxCostUsd", float)):
+        text = form[name].strip()
+        if not text:
+            continue
+        try:
+            raw[name] = kind(text)
+        except ValueError:
+            raise RpcError(INVALID_PARAMS, f"budget.{name}: {text!r} is not a number") from None
+    return parse_model(BudgetLimits, raw, "budget") if raw else None
+
+
 @viewer_required
 def launch(request):
     """The "New run" form: runner, preset, message. Only operators get the form; the service
     decides (and audits) every launch, so a forged POST from a viewer is refused there."""
     if request.method not in ("GET", "POST"):
         return _refuse(request, "GET or POST only", status=405)
-    form = {"runner": "", "preset": "", "message": ""}
+    form = {"runner": "", "preset": "", "message": "", "maxRuns": "", "maxCostUsd": ""}
     error = ""
     status = 200
     if request.method == "POST":
         form = {key: request.POST.get(key, "") for key in form}
         extension_id, _, profile = form["preset"].rpartition("/")
         try:
+            budget = _launch_budget(form)
             result = do_launch_run(
                 _actor(request),
                 Launch(
@@ -423,6 +438,7 @@ def launch(request):
                     profile=profile,
                     message=form["message"],
                     extension_id=extension_id or None,
+                    budget=budget,
                 ),
             )
         except PermissionRefused as exc:

@@ -13,7 +13,7 @@ from asgiref.sync import sync_to_async
 from django.core.management import CommandError, call_command
 from django.db import connections
 
-from delegation.models import AuditEntry, Command, Run, RunVia
+from delegation.models import AuditEntry, Budget, Command, Run, RunVia
 from delegation.runner.host import RunnerHost
 from delegation.runner.scripted import ScriptedConfig, ScriptedEngine
 from delegation.services import tokens
@@ -156,3 +156,46 @@ async def test_it_runs_a_launched_run_on_the_reference_runner(server, runner_tok
     )
     assert run.status == "succeeded", (run.status, run.error)
     assert children == [1]
+
+
+async def test_it_launches_a_tree_under_a_budget(server, runner_token, operator):
+    token = await sync_to_async(api_token)(operator)
+    limits = {"maxRuns": 3, "maxCostUsd": 0.25}
+    async with LiveRunner(server, runner_token) as live:
+        response = await _post(
+            server,
+            token,
+            {"runner": "launch-runner", "profile": "worker", "message": "go", "budget": limits},
+        )
+        assert response.status_code == 201, response.text
+        run_id = response.json()["runId"]
+        await live.wait_command("run.execute", run_id)
+        async with httpx2.AsyncClient(base_url=server.http_url, timeout=10) as http:
+            detail = await http.get(
+                f"/api/runs/{run_id}", headers={"Authorization": f"Bearer {token}"}
+            )
+    assert detail.status_code == 200, detail.text
+    shown = detail.json()["budget"]["limits"]
+    assert {name: limit["limit"] for name, limit in shown.items()} == limits
+    # The launched run carries rollups like any other, so the budget can be enforced.
+    assert detail.json()["usage"]["subtree"]["runs"]["running"] == 1
+    budget = await sync_to_async(Budget.objects.get)(run__run_id=run_id)
+    assert budget.set_by == f"user:{operator.username}"
+    entry = await sync_to_async(AuditEntry.objects.get)(action="launch", target_id=run_id)
+    assert entry.detail["budget"] == limits
+
+
+async def test_it_launches_under_a_budget_from_the_command_line(server, runner_token):
+    async with LiveRunner(server, runner_token) as live:
+        out = io.StringIO()
+        await sync_to_async(call_command)(
+            "launch", "launch-runner", "worker", "go", "--budget", '{"maxRuns": 2}', stdout=out
+        )
+        run_id = json.loads(out.getvalue())["runId"]
+        await live.wait_command("run.execute", run_id)
+        with pytest.raises(CommandError, match="maxRuns"):
+            await sync_to_async(call_command)(
+                "launch", "launch-runner", "worker", "go", "--budget", '{"maxRuns": -1}'
+            )
+    budget = await sync_to_async(Budget.objects.get)(run__run_id=run_id)
+    assert budget.max_runs == 2

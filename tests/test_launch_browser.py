@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from delegation.models import AuditEntry, Run, Runner, RunVia
+from delegation.models import AuditEntry, Budget, Run, Runner, RunVia
 from delegation.services import tokens
 from tests.browser import CHROMIUM, launch, screenshot_name, sign_in
 from tests.live_server import daphne_factory  # noqa: F401  (fixture)
@@ -125,6 +125,8 @@ def test_it_launches_a_tree_from_the_form_and_watches_it_grow(
     page.select_option("#launch-form select[name=runner]", "demo-b")
     page.select_option("#launch-form select[name=preset]", "reference-runner/planner")
     page.fill("#launch-form textarea[name=message]", "Ship the release notes")
+    page.fill("#launch-form input[name=maxRuns]", "20")
+    page.fill("#launch-form input[name=maxCostUsd]", "5")
     page.click("#launch-form button[type=submit]")
     page.wait_for_url(re.compile(r".*/trees/r-[0-9a-f]+/"))
     run_id = page.url.rstrip("/").rsplit("/", 1)[-1]
@@ -140,6 +142,7 @@ def test_it_launches_a_tree_from_the_form_and_watches_it_grow(
     assert (root.depth, root.via, root.profile) == (0, RunVia.LAUNCH, "planner")
     assert Run.objects.filter(root=root, depth=1).count() == 2
     assert AuditEntry.objects.filter(action="launch", target_id=run_id, outcome="launched").exists()
+    assert Budget.objects.get(run=root).max_runs == 20
 
 
 def test_it_shows_the_refusal_on_the_form(server, browser, operator):

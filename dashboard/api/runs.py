@@ -453,6 +453,7 @@ def launch_run(request, body: LaunchBody):
         message=body.message,
         extension_id=body.extension_id,
         cwd=body.cwd,
+        budget=body.budget,
     )
     return 201, do_launch_run(actor_for(request), launch)
 

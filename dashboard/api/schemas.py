@@ -18,7 +18,7 @@ from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator
 
 from delegation.models import LeaseState, RunStatus
 from delegation.protocol import MAX_STEER_BYTES
-from delegation.wire import MAX_MESSAGE_BYTES, Strict, utf8_len
+from delegation.wire import MAX_MESSAGE_BYTES, BudgetLimits, Strict, utf8_len
 
 BIGINT_MAX = 2**63 - 1
 
@@ -219,6 +219,12 @@ class LaunchBody(Strict):
         max_length=8192,
         description="Working directory, confined to the runner's workspace when it has one.",
         json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
+    )
+
+    budget: BudgetLimits = Field(
+        default=None,
+        description="Limits on the launched run's whole tree (SPEC §10): maxRuns, maxLive, "
+        "maxTokens, maxCostUsd, maxSeconds; an omitted limit is unbounded.",
     )
 
     _checks = field_validator("runner", "profile", "message", "extension_id", "cwd")(

@@ -115,6 +115,14 @@ def set_runner_budget(run: Run, limits: BudgetLimits, where: str, runner_label: 
     return budget
 
 
+def launch_budget(run: Run, limits: BudgetLimits, actor: Actor) -> Budget:
+    """The budget an operator sets when launching ``run`` (a new top-level run: no ancestor
+    budget to respect). The caller holds the operator role and the launch's transaction."""
+    budget = Budget.objects.create(run=run, set_by=actor.label, **limits_of(limits))
+    RunRollup.objects.filter(pk=run.pk).update(budgeted=True)
+    return budget
+
+
 def _name(column: str) -> str:
     return next(n for n, c in COLUMNS.items() if c == column)
 

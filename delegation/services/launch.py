@@ -25,10 +25,11 @@ from delegation.models import (
     Session,
 )
 from delegation.selectors import RESULT_RELATED, snapshot
+from delegation.services import budgets, rollups
 from delegation.services.children import IDENTITY_KEYS
 from delegation.services.operator import Actor, audit, require_operator
 from delegation.services.outbox import enqueue
-from delegation.wire import Request, confine_cwd, parse_model
+from delegation.wire import BudgetLimits, Request, confine_cwd, parse_model
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Launch:
     message: str
     extension_id: str | None = None
     cwd: str | None = None
+    budget: BudgetLimits | None = None  # SPEC §10: bounds the whole tree from its start
 
 
 def do_launch_run(actor: Actor, launch: Launch) -> dict:
@@ -124,6 +126,9 @@ def _launch(actor: Actor, launch: Launch) -> dict:
         created_at=now,
         updated_at=now,
     )
+    rollups.run_created(run)
+    if launch.budget is not None:
+        budgets.launch_budget(run, launch.budget, actor)
     run = Run.objects.select_related(*RESULT_RELATED).get(pk=run.pk)
     result = snapshot(run)
     execute = {
@@ -145,6 +150,7 @@ def _launch(actor: Actor, launch: Launch) -> dict:
             "extensionId": preset.extension_id,
             "profile": preset.name,
             "message": launch.message[:500],
+            "budget": launch.budget.wire() if launch.budget is not None else None,
         },
     )
     return result

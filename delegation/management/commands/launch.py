@@ -15,6 +15,7 @@ from delegation.errors import PermissionRefused, RpcError
 from delegation.models import AuditEntry
 from delegation.services.launch import Launch, do_launch_run
 from delegation.services.operator import Actor
+from delegation.wire import BudgetLimits, loads_strict, parse_model
 
 
 class Command(BaseCommand):
@@ -27,8 +28,19 @@ class Command(BaseCommand):
         parser.add_argument("--extension", default=None, help="the preset's extensionId")
         parser.add_argument("--cwd", default=None, help="working directory for the run")
         parser.add_argument("--as", dest="username", default=None, help="act as this user")
+        parser.add_argument(
+            "--budget",
+            default=None,
+            help='limits on the whole tree as JSON, e.g. \'{"maxRuns": 20, "maxCostUsd": 2}\'',
+        )
 
-    def handle(self, *args, runner, profile, message, extension, cwd, username, **options):
+    def handle(self, *args, runner, profile, message, extension, cwd, username, budget, **options):
+        limits = None
+        if budget is not None:
+            try:
+                limits = parse_model(BudgetLimits, loads_strict(budget), "budget")
+            except RpcError as exc:
+                raise CommandError(f"--budget: {exc.message}") from None
         if username is not None:
             user = get_user_model().objects.filter(username=username, is_active=True).first()
             if user is None:
@@ -37,7 +49,12 @@ class Command(BaseCommand):
         else:
             actor = Actor.system(f"cli:{getpass.getuser()}")
         launch = Launch(
-            runner=runner, profile=profile, message=message, extension_id=extension, cwd=cwd
+            runner=runner,
+            profile=profile,
+            message=message,
+            extension_id=extension,
+            cwd=cwd,
+            budget=limits,
         )
         try:
             result = do_launch_run(actor, launch)
