@@ -16,12 +16,7 @@ from typing import Any
 
 from acp import PROTOCOL_VERSION, RequestError, text_block
 from acp.client.connection import ClientSideConnection
-from acp.schema import (
-    ClientCapabilities,
-    HttpHeader,
-    HttpMcpServer,
-    Implementation,
-)
+from acp.schema import ClientCapabilities, HttpHeader, HttpMcpServer, Implementation
 
 from delegation import depth as depthlib
 from delegation import errors as codes

@@ -9,11 +9,7 @@ import time
 from typing import Any
 
 from acp import RequestError
-from acp.schema import (
-    AllowedOutcome,
-    DeniedOutcome,
-    RequestPermissionResponse,
-)
+from acp.schema import AllowedOutcome, DeniedOutcome, RequestPermissionResponse
 
 from delegation.client import event
 from delegation.runner.acp.presets import AcpPreset

@@ -7,11 +7,7 @@ import math
 from collections.abc import Mapping
 
 from delegation.client import event
-from delegation.runner.formats.base import (
-    Format,
-    _text_of,
-    usage_event,
-)
+from delegation.runner.formats.base import Format, _text_of, usage_event
 
 CLAUDE_FAILURES = {
     "error_max_turns": "the agent reached its turn limit",

@@ -6,10 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from delegation.client import event
-from delegation.runner.formats.base import (
-    Format,
-    usage_event,
-)
+from delegation.runner.formats.base import Format, usage_event
 
 CODEX_TOOL_ITEMS = ("command_execution", "file_change", "mcp_tool_call", "web_search")
 

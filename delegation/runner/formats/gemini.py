@@ -5,11 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from delegation.client import event
-from delegation.runner.formats.base import (
-    COALESCE_BYTES,
-    Format,
-    usage_event,
-)
+from delegation.runner.formats.base import COALESCE_BYTES, Format, usage_event
 
 
 class GeminiStreamJson(Format):

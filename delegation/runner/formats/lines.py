@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 from delegation.client import event
-from delegation.runner.formats.base import (
-    FIELD_BYTES,
-    MAX_PARSE_BYTES,
-    Format,
-    clip,
-)
+from delegation.runner.formats.base import FIELD_BYTES, MAX_PARSE_BYTES, Format, clip
 
 
 class LinesFormat(Format):
