@@ -1,0 +1,356 @@
+"""The engine: starts one ACP agent process per child and drives its session (see the
+package docstring)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from acp import PROTOCOL_VERSION, RequestError, text_block
+from acp.client.connection import ClientSideConnection
+from acp.schema import ClientCapabilities, HttpHeader, HttpMcpServer, Implementation
+
+from delegation import depth as depthlib
+from delegation import errors as codes
+from delegation.client import ClientError, Preset, RpcError, event
+from delegation.runner import mcpconfig
+from delegation.runner.acp.presets import AcpPreset, AcpRefused
+from delegation.runner.acp.session import CHUNK_MAX_AGE, Session
+from delegation.runner.command import PASSED_ENV, confine
+from delegation.runner.host import Outcome, RunContext
+
+log = logging.getLogger("canopy.runner.acp")
+STDERR_TAIL = 20
+# ACP frames (one JSON-RPC message per line) may carry whole files.
+STREAM_LIMIT = 50 * 1024 * 1024
+
+McpProvider = mcpconfig.McpProvider
+
+
+class AcpEngine:
+    name = "acp"
+
+    def __init__(
+        self,
+        presets: list[AcpPreset],
+        workspace: str,
+        *,
+        mcp: McpProvider | None = None,
+    ):
+        if not presets:
+            raise ValueError("the acp engine needs at least one preset")
+        names = [p.name for p in presets]
+        if len(set(names)) != len(names):
+            raise ValueError("duplicate preset names")
+        self.presets_by_name = {p.name: p for p in presets}
+        self.workspace = str(Path(workspace).resolve())
+        self.mcp = mcp
+        # session/cancel grace, then SIGTERM grace, before the host tears the run down.
+        self.cancel_grace = 2 * max(p.cancel_grace for p in presets) + 2.0
+        # conversationId -> the agent's session id, for session/load on a resume.
+        self.sessions: dict[str, str] = {}
+        # conversationId -> the session's cumulative cost reported so far: a loaded session
+        # keeps counting from there, and only what is new adds to the resumed run's totals.
+        self.costs: dict[str, float] = {}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], workspace: str | None = None, **kwargs):
+        presets = [AcpPreset.from_config(p) for p in config["presets"]]
+        return cls(presets, workspace or config.get("workspace") or os.getcwd(), **kwargs)
+
+    def presets(self) -> list[Preset]:
+        return [
+            Preset(p.name, p.system_prompt, dict(p.options) if p.options else None)
+            for p in self.presets_by_name.values()
+        ]
+
+    def check(self, command, host) -> None:
+        preset = self.presets_by_name.get(command.preset.name)
+        if preset is None:
+            raise RpcError(
+                codes.INVALID_PARAMS, f"preset {command.preset.name!r} has no ACP agent here"
+            )
+        try:
+            confine(self.workspace, command.request.get("cwd") or preset.cwd)
+        except ValueError as exc:
+            raise RpcError(codes.INVALID_PARAMS, f"request.cwd: {exc}") from None
+
+    def environment(self, ctx: RunContext, preset: AcpPreset, cwd: str) -> dict[str, str]:
+        # The command engine's allow-list: none of the runner's own environment (its token,
+        # server secrets) reaches the agent.
+        env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+        env.update(preset.env)
+        env.update(
+            {
+                "CANOPY_RUN_ID": ctx.run_id,
+                "CANOPY_CONVERSATION_ID": ctx.conversation_id,
+                "CANOPY_PROFILE": preset.name,
+                "CANOPY_WORKSPACE": self.workspace,
+                "CANOPY_CWD": cwd,
+            }
+        )
+        return depthlib.child_env(ctx.depth, env)
+
+    async def mcp_servers(self, ctx: RunContext, session: Session) -> list[HttpMcpServer]:
+        try:
+            found = await (self.mcp or mcpconfig.run_token)(ctx)
+        except (RpcError, ClientError) as exc:
+            # The agent can still do its work, only not delegate: say so on the run.
+            session.put(event("error", error=f"no Canopy MCP server for this agent: {exc}"))
+            return []
+        if not found:
+            return []
+        token = mcpconfig.as_token(found)
+        ctx.data["run_token"] = token.token
+        headers = [
+            HttpHeader(name=k, value=v) for k, v in mcpconfig.headers(token, ctx.depth).items()
+        ]
+        return [
+            HttpMcpServer(type="http", name=mcpconfig.SERVER_NAME, url=token.url, headers=headers)
+        ]
+
+    # -- one child ---------------------------------------------------------------------
+
+    async def run(self, ctx: RunContext) -> Outcome:
+        preset = self.presets_by_name[ctx.preset.name if ctx.preset else ctx.profile]
+        cwd = confine(self.workspace, ctx.cwd or preset.cwd)
+        process = await asyncio.create_subprocess_exec(
+            *preset.command,
+            cwd=cwd,
+            env=self.environment(ctx, preset, cwd),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # its own process group: stopping it reaches its children
+            limit=STREAM_LIMIT,
+        )
+        ctx.data["process"] = process
+        ctx.data["pid"] = process.pid
+        ctx.data["acp_done"] = False
+        queue: asyncio.Queue = asyncio.Queue()
+        session = Session(ctx, preset, queue)
+        ctx.data["acp_session"] = session
+        stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL)
+        sender = asyncio.create_task(self._send(ctx, queue))
+        stderr = asyncio.create_task(self._stderr(process, stderr_tail, ctx))
+        ticker = asyncio.create_task(self._tick(session))
+        conn = ClientSideConnection(session, process.stdin, process.stdout)
+        try:
+            outcome = await self._drive(ctx, preset, session, conn, cwd)
+        except AcpRefused as exc:
+            outcome = Outcome(error=str(exc))
+        except (ConnectionError, RequestError) as exc:
+            detail = str(exc)
+            data = getattr(exc, "data", None)
+            if data:
+                detail += f" ({json.dumps(data, ensure_ascii=False, default=str)[:500]})"
+            # The agent's last line that says something (not a brace of a logged object).
+            said = [line for line in stderr_tail if sum(c.isalpha() for c in line) >= 8]
+            if said:
+                detail += f"; stderr: {said[-1][:500]}"
+            if process.returncode is not None:
+                detail = f"the agent exited with status {process.returncode}: {detail}"
+            outcome = Outcome(error=f"ACP agent failed: {detail}")
+        finally:
+            ctx.data["acp_done"] = True
+            session.flush()
+            self.costs[ctx.conversation_id] = session.cost_seen
+            with contextlib.suppress(Exception):
+                await conn.close()
+            await self._stop(process, preset.cancel_grace)
+            stderr.cancel()
+            ticker.cancel()
+            session.flush()
+            queue.put_nowait(None)
+            with contextlib.suppress(Exception):
+                await sender
+        if ctx.cancelled:
+            return Outcome(cancelled=True)
+        return outcome
+
+    async def _drive(self, ctx, preset, session: Session, conn, cwd: str) -> Outcome:
+        init = await self._until_cancel(
+            ctx,
+            conn.initialize(
+                protocol_version=PROTOCOL_VERSION,
+                client_capabilities=ClientCapabilities(),
+                client_info=Implementation(name="canopy", title="Canopy", version="0.1.0"),
+            ),
+        )
+        if init is None:
+            return Outcome(cancelled=True)
+        capabilities = init.agent_capabilities
+        servers = await self.mcp_servers(ctx, session)
+        resume = ctx.request.get("resume") if isinstance(ctx.request, Mapping) else None
+        if resume:
+            known = self.sessions.get(ctx.conversation_id)
+            if not (capabilities and capabilities.load_session):
+                raise AcpRefused(
+                    f"resume: preset {preset.name!r}'s ACP agent does not offer session/load"
+                )
+            if not known:
+                raise AcpRefused(
+                    f"resume: this runner has no ACP session recorded for {ctx.conversation_id!r}"
+                )
+            session.replaying = True
+            loaded = await self._until_cancel(
+                ctx, conn.load_session(cwd=cwd, session_id=known, mcp_servers=servers)
+            )
+            session.replaying = False
+            if ctx.cancelled:
+                return Outcome(cancelled=True)
+            del loaded
+            session.session_id = known
+            session.cost_seen = self.costs.get(ctx.conversation_id, 0.0)
+            session.put(event("session", f"ACP session {known} loaded", input={"sessionId": known}))
+        else:
+            created = await self._until_cancel(ctx, conn.new_session(cwd=cwd, mcp_servers=servers))
+            if created is None:
+                return Outcome(cancelled=True)
+            session.session_id = created.session_id
+            agent = init.agent_info.name if init.agent_info else preset.command[0]
+            session.put(
+                event(
+                    "session",
+                    f"ACP session {created.session_id} started ({agent})",
+                    input={"sessionId": created.session_id, "agent": agent},
+                )
+            )
+        self.sessions[ctx.conversation_id] = session.session_id
+        system = (ctx.preset.system_prompt if ctx.preset else "") or preset.system_prompt
+        blocks = [text_block(system), text_block(ctx.message)] if system else None
+        prompt = blocks or [text_block(ctx.message)]
+        while True:
+            session.turn_parts, session.part_open = [], False
+            response = await self._turn(ctx, session, conn, prompt, preset.cancel_grace)
+            session.flush()
+            if response is None:
+                return Outcome(cancelled=True)
+            session.turn_usage(response.usage)
+            reason = response.stop_reason
+            if reason == "cancelled" or ctx.cancelled:
+                return Outcome(cancelled=True)
+            if reason == "refusal":
+                session.put(event("error", error="the agent refused to continue"))
+                return Outcome(error="the agent refused to continue (stopReason refusal)")
+            if reason in ("max_tokens", "max_turn_requests"):
+                message = f"the agent stopped: {reason}"
+                session.put(event("error", error=message))
+                return Outcome(error=message)
+            steers = ctx.take_steers()
+            if not steers:
+                # No await between this check and the flag: a steer either made it into the
+                # queue above or sees the session ended.
+                ctx.data["acp_done"] = True
+                output = "".join(session.turn_parts[-1]) if session.turn_parts else ""
+                session.put(event("result", output))
+                return Outcome(output=output)
+            prompt = [text_block("\n\n".join(steers))]
+
+    async def _until_cancel(self, ctx: RunContext, awaitable):
+        """``awaitable``'s result, or None if the run is cancelled first."""
+        task = asyncio.ensure_future(awaitable)
+        cancel = asyncio.create_task(ctx.cancel_event.wait())
+        try:
+            await asyncio.wait([task, cancel], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cancel.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        return None
+
+    async def _turn(self, ctx, session: Session, conn, prompt, grace: float):
+        task = asyncio.ensure_future(conn.prompt(session_id=session.session_id, prompt=prompt))
+        cancel = asyncio.create_task(ctx.cancel_event.wait())
+        try:
+            await asyncio.wait([task, cancel], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cancel.cancel()
+        if task.done():
+            return task.result()
+        session.cancelling = True
+        with contextlib.suppress(Exception):
+            await conn.cancel(session_id=session.session_id)
+        # The agent should answer the prompt with stopReason "cancelled"; one that does not is
+        # stopped by the caller after this grace.
+        done, _ = await asyncio.wait([task], timeout=grace)
+        if not done:
+            task.cancel()
+            return None
+        with contextlib.suppress(Exception):
+            return task.result()
+        return None
+
+    async def steer(self, ctx: RunContext, message: str) -> str:
+        """Queue the steer for the next prompt; ``promptRequired`` once the session ended."""
+        if ctx.data.get("acp_done") or ctx.cancelled:
+            return "promptRequired"
+        ctx.steers.put_nowait(message)
+        return "injected"
+
+    async def _send(self, ctx: RunContext, queue: asyncio.Queue) -> None:
+        done = False
+        while not done:
+            batch = [await queue.get()]
+            while not queue.empty():
+                batch.append(queue.get_nowait())
+            if batch[-1] is None:
+                batch.pop()
+                done = True
+            batch = [ev for ev in batch if ev is not None]
+            if batch:
+                await ctx.emit(*batch)
+
+    async def _tick(self, session: Session) -> None:
+        while True:
+            await asyncio.sleep(CHUNK_MAX_AGE / 2)
+            session.flush_stale()
+
+    async def _stderr(self, process, tail: deque, ctx: RunContext) -> None:
+        while True:
+            try:
+                raw = await process.stderr.readline()
+            except ValueError:
+                continue
+            if not raw:
+                return
+            line = mcpconfig.redact(
+                raw.decode("utf-8", errors="replace").rstrip(), ctx.data.get("run_token")
+            )
+            if line:
+                tail.append(line)
+                log.debug("acp agent %s: %s", process.pid, line)
+
+    async def _stop(self, process, grace: float) -> None:
+        """End the agent: close its stdin, then SIGTERM its group, then SIGKILL."""
+        if process.stdin is not None:
+            with contextlib.suppress(Exception):
+                process.stdin.close()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await process.wait()
+        if process.returncode is None:
+            _kill_group(process.pid, signal.SIGTERM)
+            try:
+                async with asyncio.timeout(grace):
+                    await process.wait()
+            except TimeoutError:
+                log.info("acp agent %s ignored SIGTERM for %.1fs; killing it", process.pid, grace)
+        # Whatever the agent started in its group goes too.
+        _kill_group(process.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            await process.wait()
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
