@@ -224,7 +224,8 @@ MAINTENANCE_INTERVAL_SECONDS = env_float("MAINTENANCE_INTERVAL_SECONDS", 1.0, mi
 EVENT_RETENTION_DAYS = env_int("EVENT_RETENTION_DAYS", 0, minimum=0)
 UPKEEP_IN_PROCESS = env_bool("UPKEEP_IN_PROCESS", True)
 LIVE_HEARTBEAT_SECONDS = env_float("LIVE_HEARTBEAT_SECONDS", 10.0, minimum=0.05)
-# Unsent bytes a live socket may pile up before the client is closed as too slow (4408).
+# Unsent bytes a live socket may pile up before it pauses: nothing more is sent until the
+# client has taken half of it, then it resumes from the database (the socket stays open).
 LIVE_MAX_BACKLOG_BYTES = env_int("LIVE_MAX_BACKLOG_BYTES", 2 * 1024 * 1024, minimum=65536)
 
 # --- Security (README "Production settings") ------------------------------------------------
