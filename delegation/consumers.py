@@ -15,6 +15,7 @@ import contextlib
 import logging
 
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
@@ -81,16 +82,53 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             runner_pk=runner.pk,
             declared_depth=depthlib.parse(_header(self.scope, depthlib.HEADER) or ""),
             channel_name=self.channel_name,
+            credential=runner.token_hash,
         )
+        # Joined before runner.register, so a revocation reaches this socket even then.
+        self.runner_group = notify.runner_group(runner.pk)
+        await self.channel_layer.group_add(self.runner_group, self.channel_name)
         self._spawn(self._keep_outbox_flowing())
 
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # Whatever ended the consumer (a close, a crash, a cancelled task), nothing it
+            # started may outlive it: a leftover poll would keep a dead runner "seen".
+            await self._shut_down()
+
+    async def dispatch(self, message):
+        """The frame boundary: an unexpected error answers -32603 and the socket lives on."""
+        try:
+            await super().dispatch(message)
+        except (StopConsumer, asyncio.CancelledError):
+            raise
+        except Exception:
+            log.exception("runner socket: %s failed", message.get("type"))
+            if message.get("type") == "websocket.receive":
+                await self._reply_error(None, RpcError(INTERNAL_ERROR, "internal error"))
+            elif message.get("type") == "websocket.connect":
+                await self.close(code=1011)
+
     async def disconnect(self, code):
-        for task in list(self.background):
+        await self._shut_down()
+
+    async def _shut_down(self):
+        if getattr(self, "_shut", False):
+            return
+        self._shut = True
+        for task in list(getattr(self, "background", ())):
             task.cancel()
-        if self.runner_group:
-            await self.channel_layer.group_discard(self.runner_group, self.channel_name)
-        if self.conn is not None and self.conn.generation:
-            await self._call(runners.runner_disconnected, self.conn)
+        if getattr(self, "runner_group", None):
+            with contextlib.suppress(Exception):
+                await self.channel_layer.group_discard(self.runner_group, self.channel_name)
+        conn = getattr(self, "conn", None)
+        if conn is not None and conn.generation:
+            try:
+                await self._call(runners.runner_disconnected, conn)
+            except Exception:
+                # The silent-runner sweep still starts its grace period from last_seen_at.
+                log.warning("could not record runner %s disconnect", conn.runner_pk, exc_info=True)
 
     # --- frames in ----------------------------------------------------------------------
 
@@ -204,10 +242,8 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             generation=generation,
             declared_depth=self.conn.declared_depth,
             channel_name=self.channel_name,
+            credential=self.conn.credential,
         )
-        if self.runner_group is None:
-            self.runner_group = notify.runner_group(self.conn.runner_pk)
-            await self.channel_layer.group_add(self.runner_group, self.channel_name)
         if fenced:
             await self.channel_layer.send(fenced, {"type": "runner.fenced"})
         # Answer first, then redeliver what the runner has not acknowledged.
@@ -316,3 +352,10 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     async def runner_fenced(self, message):
         self.fenced = True
         await self.close(code=CLOSE_FENCED)
+
+    async def runner_revoked(self, message):
+        """The runner's credential was revoked or rotated (``runners.fence_runner``)."""
+        self.fenced = True
+        for task in list(self.background):
+            task.cancel()
+        await self.close(code=CLOSE_UNAUTHORIZED)

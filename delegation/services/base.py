@@ -19,6 +19,9 @@ class Connection:
     generation: int = 0
     declared_depth: int | None = None
     channel_name: str = ""
+    # The token hash the socket authenticated with: after a rotation the socket's old
+    # credential must not register (the handshake is the only other place it is checked).
+    credential: str = ""
 
 
 def lock_run(pk: int) -> Run:

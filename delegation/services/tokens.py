@@ -4,33 +4,48 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.db import transaction
 from django.utils import timezone
 
 from delegation.models import ApiToken, Runner, hash_token, new_token
+from delegation.services import runners
 from delegation.wire import valid_id
+
+
+def new_runner_token() -> str:
+    return new_token("cnr")
 
 
 def create_runner(name: str) -> tuple[Runner, str]:
     """Create a runner, or rotate its token; the plain token is returned once and never kept."""
     valid_id(name, "runner name")
-    token = new_token("cnr")
+    token = new_runner_token()
     runner, created = Runner.objects.get_or_create(
         name=name, defaults={"token_hash": hash_token(token), "token_prefix": token[:12]}
     )
     if not created:
+        rotate_runner(runner, token)
+    return runner, token
+
+
+def rotate_runner(runner: Runner, token: str) -> None:
+    """Replace a runner's token; connections made with the old one lose authority at once."""
+    with transaction.atomic():
         runner.token_hash = hash_token(token)
         runner.token_prefix = token[:12]
         runner.revoked_at = None
         runner.save(update_fields=["token_hash", "token_prefix", "revoked_at"])
-    return runner, token
+        runners.fence_runner(runner.pk, "runner token rotated")
 
 
 def revoke_runner(name: str) -> bool:
-    return bool(
-        Runner.objects.filter(name=name, revoked_at__isnull=True).update(
+    with transaction.atomic():
+        revoked = Runner.objects.filter(name=name, revoked_at__isnull=True).update(
             revoked_at=timezone.now(), token_hash=hash_token(new_token("revoked"))
         )
-    )
+        if revoked:
+            runners.fence_runner(Runner.objects.get(name=name).pk, "runner token revoked")
+    return bool(revoked)
 
 
 def authenticate_runner(token: str) -> Runner | None:
