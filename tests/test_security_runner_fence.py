@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 from datetime import timedelta
 
 import pytest
@@ -53,9 +54,8 @@ async def test_it_fences_an_open_runner_socket_at_once_when_its_token_goes(
     assert await runner.closed_with() == 4401
 
     # Even a frame that raced the close changes nothing: the answer and the events are refused.
-    await runner.send_raw(
-        '{"jsonrpc": "2.0", "id": "%s", "result": {"outcome": "injected"}}' % steer["id"]
-    )
+    answer = {"jsonrpc": "2.0", "id": steer["id"], "result": {"outcome": "injected"}}
+    await runner.send_raw(json.dumps(answer))
     command = await adb(models.Command.objects.get)(pk=int(steer["id"].removeprefix("srv-")))
     assert command.answered_at is None
     await adb(_steer)(operator, "root-1", "s-2")
