@@ -3,6 +3,7 @@
 10: a signed-in user without a role learns nothing about what exists and cannot flood the
 audit log; 13: API tokens may expire and may be read-only.
 """
+# ruff: noqa: F811 - pytest fixtures are imported from tests.test_api_support
 
 from __future__ import annotations
 
@@ -94,9 +95,7 @@ def test_it_lets_a_read_only_token_of_an_operator_read_but_never_act(client, wor
 
 def test_it_creates_expiring_read_only_tokens_from_the_command_line(world, people):
     out = io.StringIO()
-    call_command(
-        "api_token", "create", "olga", "--expires-in", "0.5", "--read-only", stdout=out
-    )
+    call_command("api_token", "create", "olga", "--expires-in", "0.5", "--read-only", stdout=out)
     lines = out.getvalue().strip().splitlines()
     assert "read-only" in lines[0] and "expires" in lines[0]
     stored = ApiToken.objects.get(user=people["operator"], read_only=True)

@@ -4,20 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('delegation', '0003_steer_delivery'),
+        ("delegation", "0003_steer_delivery"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='apitoken',
-            name='expires_at',
+            model_name="apitoken",
+            name="expires_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='apitoken',
-            name='read_only',
+            model_name="apitoken",
+            name="read_only",
             field=models.BooleanField(default=False),
         ),
     ]
