@@ -94,6 +94,17 @@ def active_api_token(token: str) -> ApiToken | None:
     )
 
 
+def active_api_token_user(token: str):
+    """The user of a token that still holds, with its scope, without touching last_used_at."""
+    found = active_api_token(token)
+    if found is None:
+        return None
+    user = found.user
+    if found.read_only:
+        setattr(user, roles.READ_ONLY_SCOPE, True)
+    return user
+
+
 def authenticate_api_token(token: str):
     """The active user behind a bearer token, or None.
 
