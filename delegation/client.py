@@ -202,6 +202,12 @@ def error_from_wire(error: Any) -> RpcError:
     return _ERROR_TYPES.get(code, RpcError)(code, message, error.get("data"))
 
 
+def is_retryable(error: RpcError) -> bool:
+    """Whether the server marked a failure as passing (``data.retryable``): send it again."""
+    data = error.data
+    return isinstance(data, Mapping) and data.get("retryable") is True
+
+
 class _ConnectionLost(Exception):
     """Internal: the connection a call was sent on went away before the answer came."""
 
@@ -912,6 +918,7 @@ class RunnerClient:
         timeout = self.call_timeout if timeout is None else timeout
         deadline = loop.time() + timeout
         params = dict(params)
+        backoff = self.backoff_initial
         while True:
             conn = await self._wait_ready(deadline - loop.time(), what=method)
             try:
@@ -923,6 +930,15 @@ class RunnerClient:
                     ) from None
                 self.log.debug("%s: connection lost before the answer; resending", method)
                 continue
+            except RpcError as exc:
+                # The server says the call failed on its side for a passing reason (its
+                # database connection dropped) and changed nothing a resend would repeat.
+                remaining = deadline - loop.time()
+                if not is_retryable(exc) or remaining <= 0:
+                    raise
+                self.log.warning("%s: %s; retrying in %.2fs", method, exc.message, backoff)
+                await asyncio.sleep(min(backoff, remaining))
+                backoff = min(backoff * 2, self.backoff_max)
 
     async def _call_on(self, conn: _Conn, method: str, params: dict, timeout: float):
         if conn.closed:

@@ -18,6 +18,8 @@ from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
+from django.db import connection as db_connection
 
 from delegation import depth as depthlib
 from delegation import notify, rpc, upkeep
@@ -49,14 +51,57 @@ def _header(scope, name: str) -> str | None:
     return None
 
 
+# SQLSTATEs of a connection that is gone: class 08 (connection exception) and the server's
+# own shutdowns (57P01 admin shutdown, as pg_terminate_backend sends; 57P02; 57P03).
+_GONE_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
+
+
+def _lost_connection(exc: Exception) -> bool:
+    """Whether a database error means the connection itself is gone (a terminated backend,
+    a restarted server), as opposed to a query the database refused. SQLite has no
+    connection to lose: its errors are never retried here."""
+    if db_connection.vendor != "postgresql":
+        return False
+    if isinstance(exc, InterfaceError):
+        return True  # "connection already closed"
+    if not isinstance(exc, OperationalError):
+        return False
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    # No SQLSTATE: the client library lost the socket ("server closed the connection").
+    return sqlstate is None or sqlstate.startswith("08") or sqlstate in _GONE_SQLSTATES
+
+
 def _collecting(function, *args):
     # A refusal may follow a commit (a depth refusal stores its event), so its doorbells
     # are returned alongside the error rather than lost with it.
-    with notify.collect() as bells:
-        try:
-            return function(*args), None, bells
-        except RpcError as exc:
-            return None, exc, bells
+    #
+    # Every runner method is idempotent (run.event by `from`, run.finish by state, child.*
+    # by requestId or by state, an answer by its command), so work cut off by a lost
+    # database connection is tried once more on a fresh one; if that fails too the runner
+    # is told the failure is retryable (-32603, data.retryable) and the SDK sends it again.
+    collected: dict = {}
+    for attempt in (1, 2):
+        with notify.collect() as bells:
+            try:
+                result = function(*args)
+                collected.update(bells)
+                return result, None, collected
+            except RpcError as exc:
+                collected.update(bells)
+                return None, exc, collected
+            except (OperationalError, InterfaceError) as exc:
+                collected.update(bells)
+                if not _lost_connection(exc):
+                    raise
+                log.warning("database connection lost (attempt %d): %s", attempt, exc)
+                with contextlib.suppress(Exception):
+                    db_connection.close()
+    error = RpcError(
+        INTERNAL_ERROR,
+        "database unavailable; the call changed nothing that a retry would repeat: retry it",
+        data={"retryable": True},
+    )
+    return None, error, collected
 
 
 def _valid_rpc_id(value) -> bool:
