@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
 
+from dashboard.api.core import ApiError
 from delegation import selectors
 
 PAGE_SIZE = 1000
@@ -74,11 +76,53 @@ async def aiter_ndjson(run_ids: dict[int, str], page_size: int = PAGE_SIZE):
             after = (rows[-1][0], rows[-1][1])
 
 
-def ndjson_response(request, run_ids: dict[int, str], filename: str) -> StreamingHttpResponse:
-    if isinstance(request, ASGIRequest):
-        stream = aiter_ndjson(run_ids, PAGE_SIZE)
+# Exports streaming now, per user, in this process.
+_running: dict[int, int] = {}
+
+
+def _claim(user_pk: int) -> None:
+    limit = settings.EXPORT_MAX_CONCURRENT_PER_USER
+    if _running.get(user_pk, 0) >= limit:
+        raise ApiError(
+            429,
+            "too_many_requests",
+            f"at most {limit} exports at once per user (EXPORT_MAX_CONCURRENT_PER_USER); "
+            "wait for one to finish",
+        )
+    _running[user_pk] = _running.get(user_pk, 0) + 1
+
+
+def _release(user_pk: int) -> None:
+    left = _running.get(user_pk, 1) - 1
+    if left > 0:
+        _running[user_pk] = left
     else:
-        stream = iter_ndjson(run_ids, PAGE_SIZE)
+        _running.pop(user_pk, None)
+
+
+def _counted(stream, user_pk: int):
+    try:
+        yield from stream
+    finally:
+        _release(user_pk)
+
+
+async def _acounted(stream, user_pk: int):
+    # Released however the stream ends: finished, failed, or cancelled by a disconnect.
+    try:
+        async for chunk in stream:
+            yield chunk
+    finally:
+        _release(user_pk)
+
+
+def ndjson_response(request, run_ids: dict[int, str], filename: str) -> StreamingHttpResponse:
+    user_pk = request.auth.pk
+    _claim(user_pk)
+    if isinstance(request, ASGIRequest):
+        stream = _acounted(aiter_ndjson(run_ids, PAGE_SIZE), user_pk)
+    else:
+        stream = _counted(iter_ndjson(run_ids, PAGE_SIZE), user_pk)
     response = StreamingHttpResponse(stream, content_type=CONTENT_TYPE)
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     response["Cache-Control"] = "no-store"
