@@ -10,6 +10,8 @@ read the same keyset pages through ``selectors.event_export_page``.
 from __future__ import annotations
 
 import json
+import weakref
+from collections import defaultdict
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -76,53 +78,52 @@ async def aiter_ndjson(run_ids: dict[int, str], page_size: int = PAGE_SIZE):
             after = (rows[-1][0], rows[-1][1])
 
 
+class _Slot:
+    """One export's place; held by its stream, so a stream dropped unread frees it too."""
+
+
 # Exports streaming now, per user, in this process.
-_running: dict[int, int] = {}
+_running: dict[int, weakref.WeakSet] = defaultdict(weakref.WeakSet)
 
 
-def _claim(user_pk: int) -> None:
+def _claim(user_pk: int) -> _Slot:
     limit = settings.EXPORT_MAX_CONCURRENT_PER_USER
-    if _running.get(user_pk, 0) >= limit:
+    slots = _running[user_pk]
+    if len(slots) >= limit:
         raise ApiError(
             429,
             "too_many_requests",
             f"at most {limit} exports at once per user (EXPORT_MAX_CONCURRENT_PER_USER); "
             "wait for one to finish",
         )
-    _running[user_pk] = _running.get(user_pk, 0) + 1
+    slot = _Slot()
+    slots.add(slot)
+    return slot
 
 
-def _release(user_pk: int) -> None:
-    left = _running.get(user_pk, 1) - 1
-    if left > 0:
-        _running[user_pk] = left
-    else:
-        _running.pop(user_pk, None)
-
-
-def _counted(stream, user_pk: int):
+def _counted(stream, user_pk: int, slot: _Slot):
     try:
         yield from stream
     finally:
-        _release(user_pk)
+        _running[user_pk].discard(slot)
 
 
-async def _acounted(stream, user_pk: int):
+async def _acounted(stream, user_pk: int, slot: _Slot):
     # Released however the stream ends: finished, failed, or cancelled by a disconnect.
     try:
         async for chunk in stream:
             yield chunk
     finally:
-        _release(user_pk)
+        _running[user_pk].discard(slot)
 
 
 def ndjson_response(request, run_ids: dict[int, str], filename: str) -> StreamingHttpResponse:
     user_pk = request.auth.pk
-    _claim(user_pk)
+    slot = _claim(user_pk)
     if isinstance(request, ASGIRequest):
-        stream = _acounted(aiter_ndjson(run_ids, PAGE_SIZE), user_pk)
+        stream = _acounted(aiter_ndjson(run_ids, PAGE_SIZE), user_pk, slot)
     else:
-        stream = _counted(iter_ndjson(run_ids, PAGE_SIZE), user_pk)
+        stream = _counted(iter_ndjson(run_ids, PAGE_SIZE), user_pk, slot)
     response = StreamingHttpResponse(stream, content_type=CONTENT_TYPE)
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     response["Cache-Control"] = "no-store"
