@@ -15,6 +15,7 @@ django_asgi_app = ASGIStaticFilesHandler(get_asgi_application())
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
+from canopy.backpressure import with_back_pressure  # noqa: E402
 from dashboard.live import live_application  # noqa: E402
 from delegation import upkeep  # noqa: E402
 from delegation.consumers import RunnerConsumer  # noqa: E402
@@ -23,13 +24,14 @@ from delegation.mcp import McpGate  # noqa: E402
 websocket_routes = [
     # Runners authenticate with their own bearer token; no session, no Origin check.
     path("ws/runner/", RunnerConsumer.as_asgi()),
-    # Operators: session (Origin checked against ALLOWED_HOSTS) or an API bearer token.
+    # Operators: session (exact Origin checked) or an API bearer token.
     path("ws/live/", live_application()),
 ]
 
 router = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # Streamed responses (NDJSON export) wait for a slow client instead of buffering.
+        "http": with_back_pressure(django_asgi_app),
         "websocket": URLRouter(websocket_routes),
     }
 )

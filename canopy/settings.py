@@ -234,8 +234,17 @@ UPKEEP_IN_PROCESS = env_bool("UPKEEP_IN_PROCESS", True)
 # ingest with and without them in the same run; budgets on usage need them.
 ROLLUPS_ENABLED = env_bool("ROLLUPS_ENABLED", True)
 LIVE_HEARTBEAT_SECONDS = env_float("LIVE_HEARTBEAT_SECONDS", 10.0, minimum=0.05)
-# Unsent bytes a live socket may pile up before the client is closed as too slow (4408).
+# Unsent bytes a live socket may pile up before it pauses: nothing more is sent until the
+# client has taken half of it, then it resumes from the database (the socket stays open).
 LIVE_MAX_BACKLOG_BYTES = env_int("LIVE_MAX_BACKLOG_BYTES", 2 * 1024 * 1024, minimum=65536)
+# A streamed HTTP response (NDJSON export) waits while this much is unsent to its client.
+HTTP_MAX_UNSENT_BYTES = env_int("HTTP_MAX_UNSENT_BYTES", 1024 * 1024, minimum=65536)
+# NDJSON exports one user may have streaming at once in one server process (more: 429).
+EXPORT_MAX_CONCURRENT_PER_USER = env_int("EXPORT_MAX_CONCURRENT_PER_USER", 2, minimum=1)
+# Trees one live socket may follow with `roots` subscriptions, across all its frames.
+LIVE_MAX_ROOT_SUBSCRIPTIONS = env_int("LIVE_MAX_ROOT_SUBSCRIPTIONS", 1000, minimum=1)
+# Live sockets one user may hold open at once in one server process.
+LIVE_MAX_SOCKETS_PER_USER = env_int("LIVE_MAX_SOCKETS_PER_USER", 20, minimum=1)
 
 # --- Alerts and metrics (SPEC §10) -----------------------------------------------------------
 

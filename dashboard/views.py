@@ -7,7 +7,9 @@ box posts to the REST API (``/api/runs/{runId}/steer``), the one JSON action sur
 action goes through the engine's operator services (``do_cancel_run``, ``do_steer_run``,
 ``do_release_lease``), which check the role and write the audit entry, so a cancel from here is
 the same cancel as one from the admin, the REST API or a runner. A refused action answers 403
-with the service's message (and the refusal is audited by the service).
+with the service's message (and the refusal is audited by the service). A signed-in user
+without a role is refused before anything is looked up, so the answer is the same whether
+the run or lease exists.
 """
 
 from __future__ import annotations
@@ -91,18 +93,6 @@ def viewer_required(view):
                 f"{request.user.get_username()} has no role in Canopy. Ask an admin to grant "
                 "you viewer, operator or admin.",
             )
-        return view(request, *args, **kwargs)
-
-    return wrapped
-
-
-def signed_in(view):
-    """Actions only need a signed-in user here: the service decides and audits refusals."""
-
-    @wraps(view)
-    def wrapped(request, *args, **kwargs):
-        if not request.user.is_authenticated:
-            return redirect(f"{reverse('login')}?next={request.get_full_path()}")
         return view(request, *args, **kwargs)
 
     return wrapped
@@ -324,7 +314,7 @@ def _done(request, run: Run, message: str, level=messages.SUCCESS):
 
 
 @require_POST
-@signed_in
+@viewer_required
 def run_cancel(request, run_id):
     run = _run_or_404(run_id)
     cascade = request.POST.get("cascade") in ("1", "true", "on")
@@ -345,7 +335,7 @@ def run_cancel(request, run_id):
 
 
 @require_POST
-@signed_in
+@viewer_required
 def run_budget(request, run_id):
     """The run page's budget form: exactly the limits filled in (an empty field: no limit)."""
     run = _run_or_404(run_id)
@@ -376,7 +366,7 @@ def run_budget(request, run_id):
 
 
 @require_POST
-@signed_in
+@viewer_required
 def lease_release(request, pk):
     lease = selectors.get_lease(pk)
     if lease is None:

@@ -15,8 +15,11 @@ import contextlib
 import logging
 
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
+from django.db import connection as db_connection
 
 from delegation import depth as depthlib
 from delegation import metrics, notify, rpc, upkeep
@@ -58,14 +61,57 @@ def _base_url(scope) -> str:
     return f"{scheme}://{host}"
 
 
+# SQLSTATEs of a connection that is gone: class 08 (connection exception) and the server's
+# own shutdowns (57P01 admin shutdown, as pg_terminate_backend sends; 57P02; 57P03).
+_GONE_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
+
+
+def _lost_connection(exc: Exception) -> bool:
+    """Whether a database error means the connection itself is gone (a terminated backend,
+    a restarted server), as opposed to a query the database refused. SQLite has no
+    connection to lose: its errors are never retried here."""
+    if db_connection.vendor != "postgresql":
+        return False
+    if isinstance(exc, InterfaceError):
+        return True  # "connection already closed"
+    if not isinstance(exc, OperationalError):
+        return False
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    # No SQLSTATE: the client library lost the socket ("server closed the connection").
+    return sqlstate is None or sqlstate.startswith("08") or sqlstate in _GONE_SQLSTATES
+
+
 def _collecting(function, *args):
     # A refusal may follow a commit (a depth refusal stores its event), so its doorbells
     # are returned alongside the error rather than lost with it.
-    with notify.collect() as bells:
-        try:
-            return function(*args), None, bells
-        except RpcError as exc:
-            return None, exc, bells
+    #
+    # Every runner method is idempotent (run.event by `from`, run.finish by state, child.*
+    # by requestId or by state, an answer by its command), so work cut off by a lost
+    # database connection is tried once more on a fresh one; if that fails too the runner
+    # is told the failure is retryable (-32603, data.retryable) and the SDK sends it again.
+    collected: dict = {}
+    for attempt in (1, 2):
+        with notify.collect() as bells:
+            try:
+                result = function(*args)
+                collected.update(bells)
+                return result, None, collected
+            except RpcError as exc:
+                collected.update(bells)
+                return None, exc, collected
+            except (OperationalError, InterfaceError) as exc:
+                collected.update(bells)
+                if not _lost_connection(exc):
+                    raise
+                log.warning("database connection lost (attempt %d): %s", attempt, exc)
+                with contextlib.suppress(Exception):
+                    db_connection.close()
+    error = RpcError(
+        INTERNAL_ERROR,
+        "database unavailable; the call changed nothing that a retry would repeat: retry it",
+        data={"retryable": True},
+    )
+    return None, error, collected
 
 
 def _valid_rpc_id(value) -> bool:
@@ -93,16 +139,53 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             declared_depth=depthlib.parse(_header(self.scope, depthlib.HEADER) or ""),
             channel_name=self.channel_name,
             base_url=_base_url(self.scope),
+            credential=runner.token_hash,
         )
+        # Joined before runner.register, so a revocation reaches this socket even then.
+        self.runner_group = notify.runner_group(runner.pk)
+        await self.channel_layer.group_add(self.runner_group, self.channel_name)
         self._spawn(self._keep_outbox_flowing())
 
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # Whatever ended the consumer (a close, a crash, a cancelled task), nothing it
+            # started may outlive it: a leftover poll would keep a dead runner "seen".
+            await self._shut_down()
+
+    async def dispatch(self, message):
+        """The frame boundary: an unexpected error answers -32603 and the socket lives on."""
+        try:
+            await super().dispatch(message)
+        except (StopConsumer, asyncio.CancelledError):
+            raise
+        except Exception:
+            log.exception("runner socket: %s failed", message.get("type"))
+            if message.get("type") == "websocket.receive":
+                await self._reply_error(None, RpcError(INTERNAL_ERROR, "internal error"))
+            elif message.get("type") == "websocket.connect":
+                await self.close(code=1011)
+
     async def disconnect(self, code):
-        for task in list(self.background):
+        await self._shut_down()
+
+    async def _shut_down(self):
+        if getattr(self, "_shut", False):
+            return
+        self._shut = True
+        for task in list(getattr(self, "background", ())):
             task.cancel()
-        if self.runner_group:
-            await self.channel_layer.group_discard(self.runner_group, self.channel_name)
-        if self.conn is not None and self.conn.generation:
-            await self._call(runners.runner_disconnected, self.conn)
+        if getattr(self, "runner_group", None):
+            with contextlib.suppress(Exception):
+                await self.channel_layer.group_discard(self.runner_group, self.channel_name)
+        conn = getattr(self, "conn", None)
+        if conn is not None and conn.generation:
+            try:
+                await self._call(runners.runner_disconnected, conn)
+            except Exception:
+                # The silent-runner sweep still starts its grace period from last_seen_at.
+                log.warning("could not record runner %s disconnect", conn.runner_pk, exc_info=True)
 
     # --- frames in ----------------------------------------------------------------------
 
@@ -217,10 +300,8 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             declared_depth=self.conn.declared_depth,
             channel_name=self.channel_name,
             base_url=self.conn.base_url,
+            credential=self.conn.credential,
         )
-        if self.runner_group is None:
-            self.runner_group = notify.runner_group(self.conn.runner_pk)
-            await self.channel_layer.group_add(self.runner_group, self.channel_name)
         if fenced:
             await self.channel_layer.send(fenced, {"type": "runner.fenced"})
         # Answer first, then redeliver what the runner has not acknowledged.
@@ -330,3 +411,10 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     async def runner_fenced(self, message):
         self.fenced = True
         await self.close(code=CLOSE_FENCED)
+
+    async def runner_revoked(self, message):
+        """The runner's credential was revoked or rotated (``runners.fence_runner``)."""
+        self.fenced = True
+        for task in list(self.background):
+            task.cancel()
+        await self.close(code=CLOSE_UNAUTHORIZED)

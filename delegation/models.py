@@ -506,6 +506,10 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # None: valid until revoked. Past it the token is refused like a revoked one.
+    expires_at = models.DateTimeField(null=True, blank=True)
+    # A read-only token reads like a viewer whatever its user's role; it never acts.
+    read_only = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-created_at", "-id"]

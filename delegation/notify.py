@@ -118,6 +118,13 @@ def runner_outbox(runner_pk: int) -> None:
     transaction.on_commit(lambda: _send(runner_group(runner_pk), {"type": "outbox.ring"}))
 
 
+def runner_fenced(runner_pk: int, why: str) -> None:
+    """Close every socket of this runner: its credential no longer holds."""
+    transaction.on_commit(
+        lambda: _send(runner_group(runner_pk), {"type": "runner.revoked", "why": why})
+    )
+
+
 def runner_changed(runner_pk: int) -> None:
     transaction.on_commit(
         lambda: _send(RUNNERS_GROUP, {"type": "runner.changed", "runner": runner_pk})

@@ -10,6 +10,7 @@ KIB = 1024
 CLOSE_UNAUTHORIZED = 4401  # no credential, a wrong one, or one revoked while connected
 CLOSE_FORBIDDEN = 4403  # a credential without the role the socket needs
 CLOSE_FENCED = 4409  # a newer connection of the same runner took over
+CLOSE_TOO_MANY = 4429  # a live socket over the per-user limit (an error frame says which)
 
 # Frames: the runner protocol refuses text frames over 1 MiB (SPEC §5).
 MAX_FRAME_BYTES = 1024 * KIB

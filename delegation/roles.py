@@ -5,6 +5,8 @@ OPERATOR = "operator"
 ADMIN = "admin"
 ROLES = (VIEWER, OPERATOR, ADMIN)
 _RANK = {None: 0, VIEWER: 1, OPERATOR: 2, ADMIN: 3}
+# Set on a user authenticated by a read-only API token: it reads, never acts.
+READ_ONLY_SCOPE = "canopy_read_only"
 
 
 def role_of(user) -> str | None:
@@ -12,12 +14,13 @@ def role_of(user) -> str | None:
     if user is None or not getattr(user, "is_authenticated", False) or not user.is_active:
         return None
     if user.is_superuser:
-        return ADMIN
-    names = {group.name for group in user.groups.all()}
-    for role in (ADMIN, OPERATOR, VIEWER):
-        if role in names:
-            return role
-    return None
+        role = ADMIN
+    else:
+        names = {group.name for group in user.groups.all()}
+        role = next((r for r in (ADMIN, OPERATOR, VIEWER) if r in names), None)
+    if role is not None and getattr(user, READ_ONLY_SCOPE, False):
+        return VIEWER
+    return role
 
 
 def has_role(user, role: str) -> bool:

@@ -185,9 +185,15 @@ def valid_id(value: str, field: str = "") -> str:
     return value
 
 
+BIGINT_MAX = 2**63 - 1
+
+
 def positive_generation(value: int) -> int:
     if value <= 0:
         raise ValueError("must be a positive integer (0 is never a generation)")
+    # Stored in a bigint column: a larger value would reach the database and fail there.
+    if value > BIGINT_MAX:
+        raise ValueError(f"must be at most {BIGINT_MAX} (2^63-1)")
     return value
 
 

@@ -41,7 +41,13 @@ async def test_it_sends_an_error_frame_for_deep_nesting_and_keeps_the_live_socke
 
     cookie = await database_sync_to_async(_operator_cookie)()
     ws = WebsocketCommunicator(
-        application, "/ws/live/", headers=[(b"origin", b"http://127.0.0.1"), (b"cookie", cookie)]
+        application,
+        "/ws/live/",
+        headers=[
+            (b"host", b"127.0.0.1"),
+            (b"origin", b"http://127.0.0.1"),
+            (b"cookie", cookie),
+        ],
     )
     connected, _ = await ws.connect(timeout=10)
     assert connected

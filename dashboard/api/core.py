@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 class ErrorDetail(Schema):
     code: str = Field(
         description="Stable machine-readable reason: bad_request, unauthenticated, forbidden, "
-        "csrf_failed, not_found, method_not_allowed, invalid, conflict, internal_error."
+        "csrf_failed, not_found, method_not_allowed, invalid, conflict, too_many_requests, "
+        "internal_error."
     )
     message: str = Field(description="What was wrong, naming the field or parameter.")
     rpcCode: int = Field(  # noqa: N815
@@ -100,6 +101,7 @@ the envelope also carries `rpcCode`.
 | 405 | `method_not_allowed` | wrong HTTP method for the path |
 | 409 | `conflict` | −32013 requestId reused with a different message, −32011 admission caps (e.g. the 129th steer receipt of a child), −32010, −32012, −32014, −32015, −32016, −32017 budget exhausted |
 | 422 | `invalid` | a body field, query or path parameter broke a rule: unknown field, `null`, wrong type, out of range, bad cursor (also −32602) |
+| 429 | `too_many_requests` | more NDJSON exports at once than `EXPORT_MAX_CONCURRENT_PER_USER` |
 | 500 | `internal_error` | a bug; nothing is leaked |
 """
 

@@ -10,11 +10,15 @@ read the same keyset pages through ``selectors.event_export_page``.
 from __future__ import annotations
 
 import json
+import weakref
+from collections import defaultdict
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
 
+from dashboard.api.core import ApiError
 from delegation import selectors
 
 PAGE_SIZE = 1000
@@ -103,17 +107,60 @@ def _with_tail_sync(stream, run_ids):
     yield usage_lines(run_ids)
 
 
+class _Slot:
+    """One export's place; held by its stream, so a stream dropped unread frees it too."""
+
+
+# Exports streaming now, per user, in this process.
+_running: dict[int, weakref.WeakSet] = defaultdict(weakref.WeakSet)
+
+
+def _claim(user_pk: int) -> _Slot:
+    limit = settings.EXPORT_MAX_CONCURRENT_PER_USER
+    slots = _running[user_pk]
+    if len(slots) >= limit:
+        raise ApiError(
+            429,
+            "too_many_requests",
+            f"at most {limit} exports at once per user (EXPORT_MAX_CONCURRENT_PER_USER); "
+            "wait for one to finish",
+        )
+    slot = _Slot()
+    slots.add(slot)
+    return slot
+
+
+def _counted(stream, user_pk: int, slot: _Slot):
+    try:
+        yield from stream
+    finally:
+        _running[user_pk].discard(slot)
+
+
+async def _acounted(stream, user_pk: int, slot: _Slot):
+    # Released however the stream ends: finished, failed, or cancelled by a disconnect.
+    try:
+        async for chunk in stream:
+            yield chunk
+    finally:
+        _running[user_pk].discard(slot)
+
+
 def ndjson_response(
     request, run_ids: dict[int, str], filename: str, usage: bool = False
 ) -> StreamingHttpResponse:
+    user_pk = request.auth.pk
+    slot = _claim(user_pk)
     if isinstance(request, ASGIRequest):
         stream = aiter_ndjson(run_ids, PAGE_SIZE)
         if usage:
             stream = _with_tail(stream, run_ids)
+        stream = _acounted(stream, user_pk, slot)
     else:
         stream = iter_ndjson(run_ids, PAGE_SIZE)
         if usage:
             stream = _with_tail_sync(stream, run_ids)
+        stream = _counted(stream, user_pk, slot)
     response = StreamingHttpResponse(stream, content_type=CONTENT_TYPE)
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     response["Cache-Control"] = "no-store"

@@ -380,11 +380,14 @@ class ExportParams(Schema):
 
 @router.get(
     "/runs/{runId}/export",
-    response=READ,
+    response={**READ, 429: ErrorOut},
     summary="Export events as NDJSON (streamed)",
     description="One JSON object per line: `runId` plus the event as /events shows it. Runs "
     "in primary-key order, each run's events in sequence order. Streamed page by page (keyset "
-    "on the (run, sequence) index), so memory stays flat however many events there are.",
+    "on the (run, sequence) index), so memory stays flat however many events there are; a "
+    "client that stops reading pauses the export (nothing more is read from the database "
+    "until it takes what was sent). At most `EXPORT_MAX_CONCURRENT_PER_USER` exports per user "
+    "stream at once (default 2); another answers 429.",
     openapi_extra={
         "responses": {
             "200": {

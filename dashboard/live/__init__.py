@@ -4,11 +4,15 @@ Modules: ``frames`` (the frames in and out, parsed strictly), ``gate`` (Origin, 
 bearer-token checks), ``consumer`` (subscriptions, catch-up, heartbeats). Reads come from
 ``delegation.selectors``; close codes and bearer parsing from ``delegation.protocol``.
 
-Authentication: the browser's Django session (the handshake's ``Origin`` must be one of
-``ALLOWED_HOSTS``), or ``Authorization: Bearer <api token>`` for scripts (a browser cannot
-set that header, so a token handshake needs no Origin; one that sends an Origin still has it
-checked). The user needs the viewer role at least. Refusals close the socket right after the
-handshake with 4401 (not signed in / bad token) or 4403 (no role).
+Authentication: the browser's Django session (the handshake's ``Origin`` must be exactly
+the server's own origin - scheme, host and port of the request - or one of
+``CSRF_TRUSTED_ORIGINS``), or ``Authorization: Bearer <api token>`` for scripts (a browser
+cannot set that header, so a token handshake needs no Origin; one that sends an Origin still
+has it checked). The user needs the viewer role at least. Refusals close the socket right
+after the handshake with 4401 (not signed in / bad token) or 4403 (no role); a user over
+``LIVE_MAX_SOCKETS_PER_USER`` gets an ``error`` frame (code ``limit``) and 4429. Every
+heartbeat re-checks the credential and closes with 4401 (logged out, session expired,
+password changed, user deactivated, token revoked or expired) or 4403 (no role any more).
 
 Protocol. One JSON object per text frame, decoded strictly (unknown fields, duplicate keys,
 wrong types and nulls are refused; the error names the field). Client to server:
@@ -22,7 +26,8 @@ wrong types and nulls are refused; the error names the field). Client to server:
     each run that appears or changes (status, event count, lease, refused spawns, ...).
     Resubscribing resends the whole snapshot; rows are upserts keyed by ``runId``.
 ``{"type": "subscribe", "roots": [R, ...], "newTrees": true}``
-    For the trees overview: a ``summary`` frame per root (counts by status, deepest depth,
+    For the trees overview (at most ``LIVE_MAX_ROOT_SUBSCRIPTIONS`` roots per socket across
+    frames; more is refused with an ``error`` frame, code ``limit``): a ``summary`` frame per root (counts by status, deepest depth,
     number of runs) now and whenever the tree changes, and with ``newTrees`` a ``newTree``
     frame whenever a top-level run opens.
 ``{"type": "subscribe", "runners": true}``

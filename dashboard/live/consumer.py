@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
@@ -25,9 +26,14 @@ from dashboard.live.frames import (
     Unsubscribe,
     parse_client_frame,
 )
-from dashboard.live.gate import authorise, can_act
+from dashboard.live.gate import authorise, can_act, recheck
 from delegation import metrics, notify, selectors
-from delegation.protocol import CLOSE_FORBIDDEN, CLOSE_UNAUTHORIZED, bearer_token
+from delegation.protocol import (
+    CLOSE_FORBIDDEN,
+    CLOSE_TOO_MANY,
+    CLOSE_UNAUTHORIZED,
+    bearer_token,
+)
 from delegation.wire import dumps
 
 log = logging.getLogger(__name__)
@@ -40,6 +46,13 @@ MAX_FRAME_CHARS = 256 * 1024
 MAX_RUN_SUBSCRIPTIONS = 200
 MAX_TREE_SUBSCRIPTIONS = 20
 TREE_OVERLAP_SECONDS = 5.0
+# Frames a backlogged socket still owes its client (pongs, errors), sent once it drains.
+MAX_OWED_REPLIES = 32
+# Subscribe/unsubscribe frames waiting for the worker; more is a client not waiting for answers.
+MAX_PENDING_JOBS = 256
+
+# Open live sockets per user in this process (LIVE_MAX_SOCKETS_PER_USER).
+_sockets_per_user: dict[int, int] = {}
 
 # --- Reads (sync, run in a thread) -----------------------------------------------------------
 
@@ -145,6 +158,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.jobs: list = []
         self.wake = asyncio.Event()
         self.tasks: list[asyncio.Task] = []
+        self.owed: list[dict] = []
         token = bearer_token(self.scope.get("headers", []))
         user, role = await database_sync_to_async(authorise)(self.scope.get("user"), token)
         await self.accept()
@@ -154,6 +168,27 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if role is None:
             await self.close(code=CLOSE_FORBIDDEN)
             return
+        limit = settings.LIVE_MAX_SOCKETS_PER_USER
+        if _sockets_per_user.get(user.pk, 0) >= limit:
+            await self.send(
+                text_data=dumps(
+                    {
+                        "type": "error",
+                        "code": "limit",
+                        "field": "",
+                        "message": f"too many live sockets: at most {limit} per user "
+                        "(LIVE_MAX_SOCKETS_PER_USER); close one first",
+                    }
+                )
+            )
+            await self.close(code=CLOSE_TOO_MANY)
+            return
+        _sockets_per_user[user.pk] = _sockets_per_user.get(user.pk, 0) + 1
+        self.counted_user = user.pk
+        # What the heartbeat re-checks: the credential this socket was opened with.
+        session = self.scope.get("session")
+        self.session_key = None if token else getattr(session, "session_key", None)
+        self.token = token
         self.user = user
         self.counted = True
         metrics.LIVE_SOCKETS.inc()
@@ -171,12 +206,56 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.tasks.append(asyncio.ensure_future(self._work()))
         self.tasks.append(asyncio.ensure_future(self._beat()))
 
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # However the consumer ends (a close, a crash), its worker and heartbeat end too:
+            # a leftover heartbeat would keep querying for a socket nobody holds.
+            await self._shut_down()
+
+    async def dispatch(self, message):
+        # A doorbell type this socket does not know (a newer engine) must not close it.
+        if getattr(self, get_handler_name(message), None) is None:
+            return
+        try:
+            await super().dispatch(message)
+        except (StopConsumer, asyncio.CancelledError):
+            raise
+        except Exception:
+            # The frame boundary: an unexpected error answers an error frame, the socket lives.
+            log.exception("live socket: %s failed", message.get("type"))
+            if message.get("type") == "websocket.receive":
+                await self._reply(
+                    {
+                        "type": "error",
+                        "code": "internal",
+                        "field": "",
+                        "message": "internal error; the frame was not handled",
+                    }
+                )
+            elif message.get("type") == "websocket.connect":
+                await self.close(code=1011)
+
     async def disconnect(self, code):
+        await self._shut_down()
+
+    async def _shut_down(self):
+        if getattr(self, "_shut", False):
+            return
+        self._shut = True
         if getattr(self, "counted", False):
             self.counted = False
             metrics.LIVE_SOCKETS.dec()
         for task in getattr(self, "tasks", []):
             task.cancel()
+        counted = getattr(self, "counted_user", None)
+        if counted is not None:
+            left = _sockets_per_user.get(counted, 1) - 1
+            if left > 0:
+                _sockets_per_user[counted] = left
+            else:
+                _sockets_per_user.pop(counted, None)
         for group in list(getattr(self, "groups_held", {})):
             with contextlib.suppress(Exception):
                 await self.channel_layer.group_discard(group, self.channel_name)
@@ -187,22 +266,51 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if not hasattr(self, "user"):
             return
         if text_data is None:
-            await self._error("", "frame: binary frames are refused")
+            await self._reply_error("", "frame: binary frames are refused")
             return
         if len(text_data) > 64 * 1024:
-            await self._error("", "frame: too large (max 65536 characters)")
+            await self._reply_error("", "frame: too large (max 65536 characters)")
             return
         try:
             frame = parse_client_frame(text_data)
         except FrameError as exc:
-            await self._error(exc.field, exc.message, exc.code)
+            await self._reply_error(exc.field, exc.message, exc.code)
             return
         if isinstance(frame, Ping):
-            await self._send({"type": "pong"})
+            await self._reply({"type": "pong"})
+        elif len(self.jobs) >= MAX_PENDING_JOBS:
+            await self._reply_error(
+                "",
+                f"frame: {MAX_PENDING_JOBS} subscriptions are still pending; wait for them",
+                "limit",
+            )
         elif isinstance(frame, Unsubscribe):
             self._schedule(lambda: self._unsubscribe(frame))
         else:
             self._schedule(lambda: self._subscribe(frame))
+
+    async def _reply(self, frame: dict):
+        """Answer a client frame now, or once the client drains its backlog; never raise."""
+        if not self.owed and not self.backlogged:
+            try:
+                await self._send(frame)
+                return
+            except _Backlogged:
+                pass
+        # Bounded: a client that sends while not reading cannot grow this without end.
+        if len(self.owed) < MAX_OWED_REPLIES:
+            self.owed.append(frame)
+        if self._flush_owed not in self.jobs:
+            self._schedule(self._flush_owed)
+
+    async def _flush_owed(self):
+        """Send owed replies in order; a still-backlogged socket raises and keeps the rest."""
+        while self.owed:
+            await self._send(self.owed[0])
+            self.owed.pop(0)
+
+    async def _reply_error(self, field_name: str, message: str, code: str = "invalid"):
+        await self._reply({"type": "error", "code": code, "field": field_name, "message": message})
 
     def _schedule(self, job):
         self.jobs.append(job)
@@ -263,6 +371,15 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def _subscribe_roots(self, frame: SubscribeRoots):
         found = await database_sync_to_async(selectors.root_pks_by_run_id)(frame.roots)
+        limit = settings.LIVE_MAX_ROOT_SUBSCRIPTIONS
+        if len(set(self.roots) | set(found)) > limit:
+            await self._error(
+                "roots",
+                f"roots: at most {limit} roots per socket (LIVE_MAX_ROOT_SUBSCRIPTIONS); "
+                f"{len(self.roots)} already subscribed, unsubscribe some first",
+                "limit",
+            )
+            return
         for pk in found:
             if pk not in self.roots:
                 await self._hold(notify.tree_group(pk))
@@ -312,12 +429,6 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     # --- doorbells ---------------------------------------------------------------------------
 
-    async def dispatch(self, message):
-        # A doorbell type this socket does not know (a newer engine) must not close it.
-        if getattr(self, get_handler_name(message), None) is None:
-            return
-        await super().dispatch(message)
-
     async def run_changed(self, message):
         run_pk, root_pk = message.get("run"), message.get("root")
         _note_head(run_pk, message.get("sequence"))
@@ -351,6 +462,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
                 await self._drain()
             except asyncio.CancelledError:
                 raise
+            except _Closed:
+                return
             except _Backlogged:
                 await self._resume_when_drained()
             except Exception:
@@ -385,6 +498,17 @@ class LiveConsumer(AsyncWebsocketConsumer):
             self.wake.set()
 
     async def _sweep_and_beat(self):
+        # Authority is re-checked on every heartbeat: a logout, an expired session, a
+        # deactivated user, a removed role or a revoked or expired token ends the stream.
+        code = await database_sync_to_async(recheck)(self.user.pk, self.session_key, self.token)
+        if code is not None:
+            log.info("live socket of user %s closed with %s: authority ended", self.user.pk, code)
+            for task in self.tasks:
+                if task is not asyncio.current_task():
+                    task.cancel()
+            self.jobs.clear()
+            await self.close(code=code)
+            raise _Closed
         # Re-join every group: a Redis restart forgets memberships, and doorbells with them.
         for group in list(self.groups_held):
             await self.channel_layer.group_add(group, self.channel_name)
@@ -416,6 +540,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             backlog = _unsent_bytes(self.base_send)
             if backlog is None or backlog <= settings.LIVE_MAX_BACKLOG_BYTES // 2:
                 break
+        self.jobs.insert(0, self._flush_owed)
         self.jobs.append(self._catch_up_all)
         self.wake.set()
 
@@ -559,6 +684,10 @@ def _batches(events: list[dict]):
         size += cost
     if batch:
         yield batch
+
+
+class _Closed(Exception):
+    """The socket was closed by the server; the worker stops."""
 
 
 class _Backlogged(Exception):

@@ -28,6 +28,7 @@ from delegation.client.errors import (
     Fenced,
     _ConnectionLost,
     error_from_wire,
+    is_retryable,
 )
 from delegation.client.shapes import Extension, Registration
 from delegation.client.streams import _UNSET, RunStream
@@ -166,6 +167,7 @@ class Connection:
         timeout = self.call_timeout if timeout is None else timeout
         deadline = loop.time() + timeout
         params = dict(params)
+        backoff = self.backoff_initial
         while True:
             conn = await self._wait_ready(deadline - loop.time(), what=method)
             try:
@@ -177,6 +179,15 @@ class Connection:
                     ) from None
                 self.log.debug("%s: connection lost before the answer; resending", method)
                 continue
+            except RpcError as exc:
+                # The server says the call failed on its side for a passing reason (its
+                # database connection dropped) and changed nothing a resend would repeat.
+                remaining = deadline - loop.time()
+                if not is_retryable(exc) or remaining <= 0:
+                    raise
+                self.log.warning("%s: %s; retrying in %.2fs", method, exc.message, backoff)
+                await asyncio.sleep(min(backoff, remaining))
+                backoff = min(backoff * 2, self.backoff_max)
 
     async def _call_on(self, conn: _Conn, method: str, params: dict, timeout: float):
         if conn.closed:

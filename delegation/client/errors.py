@@ -112,5 +112,11 @@ def error_from_wire(error: Any) -> RpcError:
     return _ERROR_TYPES.get(code, RpcError)(code, message, error.get("data"))
 
 
+def is_retryable(error: RpcError) -> bool:
+    """Whether the server marked a failure as passing (``data.retryable``): send it again."""
+    data = error.data
+    return isinstance(data, Mapping) and data.get("retryable") is True
+
+
 class _ConnectionLost(Exception):
     """Internal: the connection a call was sent on went away before the answer came."""

@@ -22,6 +22,9 @@ class Connection:
     channel_name: str = ""
     # The server's address as this socket reached it (http[s]://host), for run tokens' url.
     base_url: str = ""
+    # The token hash the socket authenticated with: after a rotation the socket's old
+    # credential must not register (the handshake is the only other place it is checked).
+    credential: str = ""
 
 
 def lock_run(pk: int) -> Run:

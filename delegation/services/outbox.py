@@ -51,6 +51,18 @@ def claim_commands(conn: Connection, limit: int = 100) -> list[Command]:
 def command_answered(conn: Connection, command_pk: int, result=None, error=None) -> None:
     """A runner answered a server request: store the answer, then act on it by method."""
     with transaction.atomic(), rollups.batch():
+        runner = Runner.objects.filter(pk=conn.runner_pk).values(
+            "connection_generation", "revoked_at"
+        )
+        runner = runner.first()
+        if (
+            runner is None
+            or runner["revoked_at"] is not None
+            or runner["connection_generation"] != conn.generation
+        ):
+            # A fenced or revoked connection's answers change nothing; the command stays
+            # unanswered and goes out again to the runner's next valid connection.
+            return
         command = (
             Command.objects.select_for_update()
             .filter(pk=command_pk, runner_id=conn.runner_pk, answered_at__isnull=True)

@@ -47,6 +47,8 @@ def register(conn: Connection, params: RegisterParams) -> tuple[dict, int, str]:
         runner = Runner.objects.select_for_update().get(pk=conn.runner_pk)
         if runner.revoked_at is not None:
             raise RpcError(STALE_CONNECTION, "runner token was revoked")
+        if conn.credential and conn.credential != runner.token_hash:
+            raise RpcError(STALE_CONNECTION, "runner token was rotated; connect with the new one")
         previous_channel = runner.channel_name
         previous_host = runner.host_instance_id
         runner.connection_generation += 1
@@ -110,6 +112,31 @@ def runner_disconnected(conn: Connection) -> None:
         ).update(connected=False, disconnected_at=timezone.now(), channel_name="")
         if updated:
             notify.runner_changed(conn.runner_pk)
+
+
+def fence_runner(runner_pk: int, why: str = "credential revoked") -> None:
+    """End the authority of every open connection of a runner, at once and everywhere.
+
+    Call it in the transaction that revokes or replaces the runner's credential. The
+    generation moves on, so every frame, answer and command claim of an older connection is
+    refused from the commit on (whatever process holds the socket); the runner counts as
+    disconnected, so its grace period starts unless it comes back with a valid credential;
+    unanswered commands wait for that new connection. After commit, every socket of the
+    runner is told on the channel layer to close with 4401; a socket whose process misses
+    the message is refused on its next frame and stops being fed commands anyway.
+    """
+    runner = Runner.objects.select_for_update().get(pk=runner_pk)
+    runner.connection_generation += 1
+    if runner.connected:
+        runner.connected = False
+        runner.disconnected_at = timezone.now()
+    runner.channel_name = ""
+    runner.save(
+        update_fields=["connection_generation", "connected", "disconnected_at", "channel_name"]
+    )
+    Command.objects.filter(runner=runner, answered_at__isnull=True).update(sent_generation=None)
+    notify.runner_fenced(runner_pk, why)
+    notify.runner_changed(runner_pk)
 
 
 def touch_runner(conn: Connection) -> None:

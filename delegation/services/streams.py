@@ -7,7 +7,13 @@ from django.utils import timezone
 
 from delegation import depth as depthlib
 from delegation import metrics, notify
-from delegation.errors import INVALID_PARAMS, NO_SUCH_RUN, NOT_OWNED, RpcError
+from delegation.errors import (
+    INVALID_PARAMS,
+    NO_SUCH_RUN,
+    NOT_OWNED,
+    PARENT_NOT_RUNNING,
+    RpcError,
+)
 from delegation.models import (
     AuditEntry,
     Event,
@@ -54,7 +60,13 @@ def open_run(conn: Connection, params: RunOpenParams) -> dict:
                 return snapshot(existing)
             raise RpcError(INVALID_PARAMS, f"runId: {params.run_id!r} is already in use")
         session = Session.objects.filter(conversation_id=params.conversation_id).first()
-        if session is not None and (session.runner_id != runner.pk or session.parent_id):
+        if session is not None and session.runner_id != runner.pk:
+            # Exactly the answer for an id in use: another runner must not learn that this
+            # conversation exists, nor that it belongs to someone else.
+            raise RpcError(
+                INVALID_PARAMS, f"conversationId: {params.conversation_id!r} is already in use"
+            )
+        if session is not None and session.parent_id:
             raise RpcError(
                 NOT_OWNED,
                 f"conversationId: {params.conversation_id!r} is not a top-level session of "
@@ -174,6 +186,14 @@ def _append(conn: Connection, params: RunEventParams, rows, usages) -> tuple[dic
         if run is None:
             raise RpcError(NO_SUCH_RUN, f"runId: no run {params.run_id!r} of this runner")
         first = params.from_
+        if run.is_terminal and first + len(rows) - 1 > run.emitted:
+            # A finished run's stream and output are final: only exact replays (checked
+            # below) are still answered, so a late or hostile frame cannot rewrite it.
+            raise RpcError(
+                PARENT_NOT_RUNNING,
+                f"runId: run {params.run_id!r} is {run.status}; it takes no new events "
+                f"(it has {run.emitted}; only exact replays of those are accepted)",
+            )
         if first > run.emitted + 1:
             raise RpcError(
                 INVALID_PARAMS,

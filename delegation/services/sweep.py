@@ -60,8 +60,9 @@ def sweep(now=None) -> SweepReport:
 
 def _disconnect_silent_runners() -> None:
     """A connection whose server process died never reports its close: every live runner
-    socket touches ``last_seen_at`` each OUTBOX_RESEND_SECONDS, so one silent for several
-    periods is treated as closed then, and the grace period starts from that moment.
+    socket touches ``last_seen_at`` each OUTBOX_RESEND_SECONDS, so one silent for
+    RUNNER_SILENT_SECONDS is treated as closed, and its grace period counts from when it was
+    last seen (``disconnected_at = last_seen_at``), not from this sweep.
 
     Wall-clock time, not the sweep's ``now``: this is about processes, not about leases.
     """

@@ -1,11 +1,15 @@
 """API tokens for scripts: create (shown once, alone on the last line), list, revoke.
 
-A token acts with its user's role (viewer, operator, admin); it is stored hashed and can
-never be shown again. Revoke it by the prefix ``list`` prints.
+A token acts with its user's role (viewer, operator, admin), or only reads with
+``--read-only``; ``--expires-in DAYS`` ends it on its own. It is stored hashed and can never be
+shown again. Revoke it by the prefix ``list`` prints.
 """
+
+from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 
 from delegation import roles
 from delegation.models import ApiToken
@@ -20,6 +24,18 @@ class Command(BaseCommand):
         create = sub.add_parser("create", help="create a token for a user (shown once)")
         create.add_argument("username")
         create.add_argument("--name", default="", help="a label, e.g. the script using it")
+        create.add_argument(
+            "--expires-in",
+            type=float,
+            default=None,
+            metavar="DAYS",
+            help="refuse the token after this many days (default: valid until revoked)",
+        )
+        create.add_argument(
+            "--read-only",
+            action="store_true",
+            help="the token reads like a viewer whatever the user's role; it never acts",
+        )
         listing = sub.add_parser("list", help="list tokens (prefix, user, name, state)")
         listing.add_argument("--user", default=None, help="only this user's tokens")
         revoke = sub.add_parser("revoke", help="revoke every active token with this prefix")
@@ -28,17 +44,27 @@ class Command(BaseCommand):
     def handle(self, *args, action, **options):
         getattr(self, f"_{action}")(**options)
 
-    def _create(self, username, name, **_):
+    def _create(self, username, name, expires_in=None, read_only=False, **_):
         user = get_user_model().objects.filter(username=username).first()
         if user is None:
             raise CommandError(f"no user named {username!r}")
         if not user.is_active:
             raise CommandError(f"user {username!r} is inactive; its tokens would not work")
-        api_token, token = tokens.create_api_token(user, name)
+        expires_at = None
+        if expires_in is not None:
+            if not expires_in > 0:
+                raise CommandError("--expires-in: must be a positive number of days")
+            expires_at = timezone.now() + timedelta(days=expires_in)
+        api_token, token = tokens.create_api_token(
+            user, name, expires_at=expires_at, read_only=read_only
+        )
         role = roles.role_of(user)
+        scope = "read-only, " if read_only and role else ""
+        until = f", expires {expires_at:%Y-%m-%d %H:%M} UTC" if expires_at else ""
         self.stdout.write(
-            f"API token {api_token.token_prefix} for {username!r} "
-            f"(role {role or 'none: it will be refused with 403 until the user has one'})."
+            f"API token {api_token.token_prefix} for {username!r} ({scope}"
+            f"role {role or 'none: it will be refused with 403 until the user has one'}"
+            f"{until})."
         )
         self.stdout.write("It is shown once and stored hashed; keep it now:")
         self.stdout.write(token)
@@ -48,11 +74,16 @@ class Command(BaseCommand):
         if user is not None:
             listed = listed.filter(user__username=user)
         for api_token in listed:
-            state = (
-                f"revoked {api_token.revoked_at:%Y-%m-%d %H:%M}"
-                if api_token.revoked_at
-                else "active"
-            )
+            if api_token.revoked_at:
+                state = f"revoked {api_token.revoked_at:%Y-%m-%d %H:%M}"
+            elif api_token.expires_at and api_token.expires_at <= timezone.now():
+                state = f"expired {api_token.expires_at:%Y-%m-%d %H:%M}"
+            elif api_token.expires_at:
+                state = f"active until {api_token.expires_at:%Y-%m-%d %H:%M}"
+            else:
+                state = "active"
+            if api_token.read_only:
+                state += ", read-only"
             used = (
                 f"last used {api_token.last_used_at:%Y-%m-%d %H:%M}"
                 if api_token.last_used_at

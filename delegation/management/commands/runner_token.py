@@ -1,4 +1,7 @@
-"""Runner tokens: create (shown once), list, revoke. Stored hashed, never recoverable."""
+"""Runner tokens: create (shown once), rotate, list, revoke. Stored hashed, never recoverable.
+
+Rotating or revoking ends the old token's authority at once: open sockets made with it are
+closed (4401) and refused on any further frame (``runners.fence_runner``)."""
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -13,12 +16,27 @@ class Command(BaseCommand):
         sub = parser.add_subparsers(dest="action", required=True)
         create = sub.add_parser("create", help="create a runner (or rotate its token)")
         create.add_argument("name")
+        rotate = sub.add_parser(
+            "rotate", help="give an existing runner a new token; the old one stops at once"
+        )
+        rotate.add_argument("name")
         sub.add_parser("list", help="list runners and whether they are connected")
         revoke = sub.add_parser("revoke", help="revoke a runner's token")
         revoke.add_argument("name")
 
     def handle(self, *args, action, **options):
-        if action == "create":
+        if action == "rotate":
+            runner = Runner.objects.filter(name=options["name"]).first()
+            if runner is None:
+                raise CommandError(f"no runner named {options['name']!r}; create it first")
+            token = tokens.new_runner_token()
+            tokens.rotate_runner(runner, token)
+            self.stdout.write(
+                f"Runner {runner.name!r}: new token below, shown once; the old token and its "
+                "open connections no longer work."
+            )
+            self.stdout.write(token)
+        elif action == "create":
             try:
                 runner, token = tokens.create_runner(options["name"])
             except ValueError as exc:
