@@ -14,13 +14,20 @@ import pytest
 from delegation.models import AuditEntry, Event, Lease, Run
 from delegation.protocol import MAX_STEER_BYTES
 from delegation.services import tokens
-from tests.browser import CHROMIUM, ScriptedRunner, launch, screenshot_name, sequences, sign_in
+from tests.browser import (
+    ScriptedRunner,
+    launch,
+    needs_chromium,
+    screenshot_name,
+    sequences,
+    sign_in,
+)
 from tests.live_server import daphne_factory  # noqa: F401  (fixture)
 from tests.personas import PASSWORD
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium package"),
+    needs_chromium,
     pytest.mark.timeout(180),
 ]
 

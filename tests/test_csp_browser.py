@@ -8,12 +8,12 @@ import pytest
 from django.contrib.auth.models import Group, User
 
 from delegation.services import tokens
-from tests.browser import CHROMIUM, ScriptedRunner, launch, sign_in
+from tests.browser import ScriptedRunner, launch, needs_chromium, sign_in
 from tests.live_server import daphne_factory  # noqa: F401  (fixture)
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium package"),
+    needs_chromium,
     pytest.mark.timeout(180),
 ]
 

@@ -57,14 +57,10 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 ENGINE = settings.DATABASES["default"]["ENGINE"]
 ON_POSTGRES = ENGINE == "django.db.backends.postgresql"
 SCALE_OUT = ON_POSTGRES and bool(settings.REDIS_URL)
-needs_scale_out = pytest.mark.skipif(
-    not SCALE_OUT,
-    reason="a second server process needs PostgreSQL and Redis: set DATABASE_URL=postgres://... "
-    "and REDIS_URL (the second pass of .ci/run does)",
-)
-needs_postgres = pytest.mark.skipif(
-    not ON_POSTGRES, reason="pg_terminate_backend needs PostgreSQL: set DATABASE_URL=postgres://..."
-)
+# A second server process needs PostgreSQL and Redis.
+needs_scale_out = pytest.mark.postgres(redis=True)
+# pg_terminate_backend.
+needs_postgres = pytest.mark.postgres
 needs_redis_server = pytest.mark.skipif(
     shutil.which("redis-server") is None, reason="no redis-server binary to run a private Redis"
 )
