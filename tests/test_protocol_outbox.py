@@ -6,6 +6,7 @@ import json
 from datetime import timedelta
 
 import pytest
+from django.db.models import F
 from django.utils import timezone
 
 from delegation.models import Command, Lease, Run, Runner
@@ -165,12 +166,30 @@ async def test_it_ignores_an_answer_from_a_fenced_connection(runner_token, make_
     second.answer_commands = False
     again = await second.wait_command("child.execute")
     assert again["id"] == sent["id"]
-    # The fenced socket's late answer does not count.
-    try:
-        await first.send_raw(json.dumps({"jsonrpc": "2.0", "id": sent["id"], "result": {}}))
-    except Exception:
-        pass
-    await asyncio.sleep(0.2)
+    assert await first.closed_with() == 4409
+    # The fenced socket's late answer (sent before the client saw the close) does not count.
+    await first.send_raw(json.dumps({"jsonrpc": "2.0", "id": sent["id"], "result": {}}))
+    # Frames are handled in order: once the sentinel is answered, the answer was handled.
+    sentinel = await first.error("run.open", {"conversationId": "c-late", "runId": "late"})
+    assert sentinel["code"] == -32002
+    command = await _command("child.execute")
+    assert command.answered_at is None
+
+
+async def test_it_ignores_an_answer_from_a_connection_fenced_only_in_the_database(
+    runner_token, make_client
+):
+    """A newer connection registered, but its fencing message has not reached this socket
+    yet: the socket is still open and its answer reaches the server, which must refuse it."""
+    first = await make_client(runner_token)
+    first.answer_commands = False
+    await first.open("root-1")
+    await first.start()
+    sent = await first.wait_command("child.execute")
+    await adb(Runner.objects.update)(connection_generation=F("connection_generation") + 1)
+    await first.send_raw(json.dumps({"jsonrpc": "2.0", "id": sent["id"], "result": {}}))
+    sentinel = await first.error("run.open", {"conversationId": "c-late", "runId": "late"})
+    assert sentinel["code"] == -32002, sentinel
     command = await _command("child.execute")
     assert command.answered_at is None
 

@@ -50,6 +50,16 @@ def claim_commands(conn: Connection, limit: int = 100) -> list[Command]:
 def command_answered(conn: Connection, command_pk: int, result=None, error=None) -> None:
     """A runner answered a server request: store the answer, then act on it by method."""
     with transaction.atomic():
+        # Under the runner's row lock (as register takes it): a connection a newer register
+        # replaced is fenced even before its socket hears so, and its answers do not count.
+        current = (
+            Runner.objects.select_for_update()
+            .filter(pk=conn.runner_pk, connection_generation=conn.generation)
+            .values_list("pk", flat=True)
+            .first()
+        )
+        if current is None:
+            return
         command = (
             Command.objects.select_for_update()
             .filter(pk=command_pk, runner_id=conn.runner_pk, answered_at__isnull=True)
