@@ -285,6 +285,18 @@ class RpcClient:
             elif frame.get("id") is not None:
                 self.stash[frame["id"]] = frame
 
+    async def until_answered(self, timeout: float = 10) -> None:
+        """Handle server commands until every stored command has its answer recorded."""
+        from delegation.models import Command
+
+        pending = adb(Command.objects.filter(answered_at__isnull=True).exists)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while await pending():
+            if loop.time() >= deadline:
+                raise AssertionError(f"commands still unanswered after {timeout} s")
+            await self.quiet(0.05)
+
     def commands_of(self, method: str, **match) -> list[dict]:
         return [
             frame

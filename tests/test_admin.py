@@ -40,11 +40,9 @@ async def make_runs(runner):
 async def settle(runner, *methods):
     """Let the server finish sending (and recording answers to) the commands an action queued,
     so the database flush after the test does not race the runner socket's last writes."""
-    import asyncio
-
     for method in methods:
         await runner.wait_command(method)
-    await asyncio.sleep(0.5)
+    await runner.until_answered()
 
 
 def action(client: Client, model: str, name: str, pks, **extra):
