@@ -276,13 +276,13 @@ async def test_it_runs_command_children_with_depth_steer_cancel_and_exit_status(
         pid = int(first_text(events, "pid=").split()[0].removeprefix("pid="))
         cancel_sent = time.monotonic()
         await c.child_cancel("root-run", ext, gen, stubborn.child_id)
-        await asyncio.sleep(0.3)
-        assert pid_alive(pid)  # SIGTERM ignored, still inside its 0.5 s grace
-        result, _ = await read_until(
+        result, events = await read_until(
             c, "root-run", ext, gen, stubborn.child_id, lambda r, ev: r.done
         )
+        # It got SIGTERM and lived on to say so; only the SIGKILL after the grace ended it.
+        assert any(e.kind == "text" and e.text == "ignored SIGTERM" for e in events), events
         assert result.cancelled and not pid_alive(pid)
-        assert time.monotonic() - cancel_sent >= 0.5
+        assert time.monotonic() - cancel_sent >= 0.5  # a lower bound: load cannot break it
 
         # A non-zero exit becomes the run's error; stderr lines are error events.
         failing = await start("fail")
