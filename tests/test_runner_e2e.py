@@ -525,10 +525,11 @@ async def test_it_steers_and_cancels_a_long_running_scripted_child(daphne_server
         cancel_sent = time.monotonic()
         await c.child_cancel(root.run_id, ext, gen, second)
         result, _ = await read_until(
-            c, root.run_id, ext, gen, second, lambda r, ev: r.done, timeout=5
+            c, root.run_id, ext, gen, second, lambda r, ev: r.done, timeout=30
         )
         assert result.cancelled and result.status == "cancelled"
-        assert time.monotonic() - cancel_sent < 3  # the runner reacts at once; slack for load
+        # The runner reacts at once, not when the 60 s child would end; wide for a loaded machine.
+        assert time.monotonic() - cancel_sent < 30
 
         # Cancelling the root locally finishes it cancelled; the server then cancels its
         # still-running child, which the runner confirms.
