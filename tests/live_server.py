@@ -24,6 +24,8 @@ from django.conf import settings
 
 from canopy.serving import ServerDidNotStart, free_port, start_server, stop_server
 
+__all__ = ["DaphneServer", "daphne_factory", "daphne_server", "free_port"]
+
 SQLITE_OPTIONS = "timeout=20&transaction_mode=IMMEDIATE&init_command=" + quote(
     "PRAGMA journal_mode=WAL;PRAGMA synchronous=NORMAL;PRAGMA busy_timeout=20000;", safe=""
 )
@@ -46,10 +48,13 @@ def database_url() -> str:
 
 
 class DaphneServer:
-    """One daphne process; stop/start/restart keep the port so clients can reconnect."""
+    """One daphne process; stop/start/restart keep the port so clients can reconnect.
+
+    The first start binds port 0 and learns the port daphne got; a restart binds that port
+    again (it was this server's a moment ago)."""
 
     def __init__(self, env: dict[str, str] | None = None, port: int | None = None):
-        self.port = port or free_port()
+        self.port = port or 0
         self.extra_env = dict(env or {})
         self.process: subprocess.Popen | None = None
         self.log_file = tempfile.NamedTemporaryFile(
@@ -88,6 +93,7 @@ class DaphneServer:
             )
         except ServerDidNotStart as failure:
             raise RuntimeError(f"{failure}:\n{self.log()}") from None
+        self.port = self.process.port
         return self
 
     def stop(self, kill: bool = False, timeout: float = 10.0) -> None:
