@@ -15,6 +15,7 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 
 from delegation.services import tokens
+from tests.live_server import _module_daphne  # noqa: F401  (fixture behind daphne_server)
 from tests.personas import (  # noqa: F401  (fixtures)
     admin,
     operator,

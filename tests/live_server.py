@@ -110,9 +110,16 @@ class DaphneServer:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def log(self) -> str:
+    def log(self, since: int = 0) -> str:
+        """The server's output (from byte ``since``), at most its last 20,000 characters."""
         self.log_file.flush()
-        return Path(self.log_file.name).read_text(errors="replace")[-20000:]
+        with open(self.log_file.name, "rb") as log:
+            log.seek(since)
+            return log.read().decode(errors="replace")[-20000:]
+
+    def log_size(self) -> int:
+        self.log_file.flush()
+        return Path(self.log_file.name).stat().st_size
 
     def close(self) -> None:
         self.stop()
@@ -139,7 +146,26 @@ def daphne_factory(transactional_db):
         server.close()
 
 
+@pytest.fixture(scope="module")
+def _module_daphne(django_db_setup, django_db_blocker):
+    """One server with the default settings for a whole module: starting and stopping one
+    costs more than most of the tests that use it. Started before any test's monkeypatch,
+    so no test's environment leaks into it."""
+    server = DaphneServer()
+    server.start()
+    yield server
+    server.close()
+
+
 @pytest.fixture
-def daphne_server(daphne_factory):
-    """A running server with the default settings (use ``daphne_factory`` to set env)."""
-    return daphne_factory()
+def daphne_server(_module_daphne, transactional_db):
+    """A running server with the default settings, shared by the module's tests: never
+    restart or reconfigure it (use ``daphne_factory`` for a server of the test's own)."""
+    server = _module_daphne
+    assert server.running, f"the module's daphne has stopped:\n{server.log()}"
+    mark = server.log_size()
+    starts = server.starts
+    yield server
+    assert server.starts == starts, "a test restarted the shared server: use daphne_factory"
+    # Shown by pytest only when the test failed: what the server said during it.
+    print(f"--- daphne log (port {server.port}) ---\n{server.log(mark)}")

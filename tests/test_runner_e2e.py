@@ -308,8 +308,9 @@ async def test_it_runs_command_children_with_depth_steer_cancel_and_exit_status(
 
 
 async def test_it_reconnects_after_a_server_restart_and_stores_every_event_once_in_order(
-    daphne_server,
+    daphne_factory,
 ):
+    daphne_server = daphne_factory()  # its own: this test restarts it
     token = await new_token("restart-a")
     total = 240
     client = RunnerClient(
