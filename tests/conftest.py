@@ -89,6 +89,9 @@ hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 def pytest_configure(config):
     config.addinivalue_line(
+        "markers", "own_server: the test restarts its server, so it gets one of its own"
+    )
+    config.addinivalue_line(
         "markers",
         "postgres(redis=False): needs PostgreSQL (and Redis with redis=True); skipped, and "
         "reported, on the SQLite pass, and the only skip CANOPY_NO_SKIPS allows",

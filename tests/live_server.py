@@ -147,11 +147,13 @@ def daphne_factory(transactional_db):
 
 
 @pytest.fixture(scope="module")
-def _module_daphne(django_db_setup, django_db_blocker):
-    """One server with the default settings for a whole module: starting and stopping one
-    costs more than most of the tests that use it. Started before any test's monkeypatch,
-    so no test's environment leaks into it."""
-    server = DaphneServer()
+def _module_daphne(request, django_db_setup, django_db_blocker):
+    """One server for a whole module: starting and stopping one costs more than most of the
+    tests that use it. Its settings are the defaults plus the module's ``DAPHNE_ENV`` (a
+    dict), if it has one. Started before any test's monkeypatch, so no test's environment
+    leaks into it."""
+    env = getattr(request.module, "DAPHNE_ENV", {})
+    server = DaphneServer({k: str(v) for k, v in env.items()})
     server.start()
     yield server
     server.close()
