@@ -79,6 +79,25 @@ def pytest_make_collect_report(collector):
         report.longrepr = f"module skipped under {NO_SKIPS}: {report.longrepr}"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _drop_leftover_sessions(request, django_db_blocker):
+    """Before the PostgreSQL test database is dropped, end every other session on it: one
+    left open (a test thread's connection, a server killed mid-request) would keep it from
+    being dropped, and with a per-process name nothing would ever drop it."""
+    if not on_postgres():
+        yield
+        return
+    request.getfixturevalue("django_db_setup")  # torn down after this fixture
+    yield
+    from django.db import connection
+
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
 # Hypothesis: "dev" (the default) explores fresh examples each run; "ci" (HYPOTHESIS_PROFILE=ci,
 # set by .ci/run) is derandomised, so a CI failure reproduces on any machine, and prints the
 # blob that replays the failing example (@reproduce_failure).
