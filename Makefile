@@ -56,6 +56,7 @@ serve: install $(DEV_KEY)
 	$(KEYED) $(PY) manage.py migrate --noinput
 	$(KEYED) $(PY) -m canopy.serving $(HOST) $(PORT)
 
+# CANOPY_NO_SKIPS=1 makes a skipped test fail (as .ci/run does); -rs lists skips either way.
 test: install agents
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -23,15 +23,14 @@ class ServerDidNotStart(RuntimeError):
     pass
 
 
-def daphne_command(host: str, port: int) -> list[str]:
+def daphne_command(host: str, port: int, fd: int | None = None) -> list[str]:
+    """The daphne command line; with ``fd``, daphne serves a socket already listening there."""
     daphne = Path(sys.executable).with_name("daphne")
     program = [str(daphne)] if daphne.exists() else [sys.executable, "-m", "daphne"]
     limit = str(WEBSOCKET_MAX_MESSAGE_BYTES)
+    bind = ["--fd", str(fd)] if fd is not None else ["-b", host, "-p", str(port)]
     return program + [
-        "-b",
-        host,
-        "-p",
-        str(port),
+        *bind,
         "--websocket-max-message-size",
         limit,
         "--websocket-max-frame-size",
@@ -59,6 +58,16 @@ def answers(host: str, port: int, timeout: float = 0.3) -> bool:
         return False
 
 
+def responds(host: str, port: int, timeout: float = 1.0) -> bool:
+    """Whether an HTTP request to ``host:port`` gets any answer (not only a TCP accept)."""
+    try:
+        with socket.create_connection((reachable_host(host), port), timeout=timeout) as sock:
+            sock.sendall(b"HEAD /login/ HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            return sock.recv(1).startswith(b"H")
+    except OSError:
+        return False
+
+
 def start_server(
     host: str,
     port: int,
@@ -74,20 +83,42 @@ def start_server(
     terminal's Ctrl-C away from the server, so a supervisor can stop things in its own order.
     Raises :class:`ServerDidNotStart` if daphne exits or stays silent for ``timeout`` seconds;
     the process is stopped first, so nothing is left behind.
+
+    ``port`` 0: this process binds a port the kernel chooses and hands daphne the listening
+    socket, so no other process can take the port between choosing and binding it (as with
+    :func:`free_port`). The returned process carries the port as ``.port`` either way.
     """
-    process = subprocess.Popen(
-        daphne_command(host, port),
-        cwd=PROJECT_DIR,
-        env=env,
-        stdout=output,
-        stderr=subprocess.STDOUT if output is not None else None,
-        start_new_session=own_session,
-    )
+    listener = None
+    ready = answers
+    if port == 0:
+        # The kernel accepts on a listening socket before daphne does: wait for an answer.
+        ready = responds
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # As daphne's own sockets do: a restart on this port must not wait for the closed
+        # connections of this one to time out.
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, 0))
+        listener.listen(128)
+        port = listener.getsockname()[1]
+    try:
+        process = subprocess.Popen(
+            daphne_command(host, port, fd=None if listener is None else listener.fileno()),
+            cwd=PROJECT_DIR,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT if output is not None else None,
+            start_new_session=own_session,
+            pass_fds=() if listener is None else (listener.fileno(),),
+        )
+    finally:
+        if listener is not None:
+            listener.close()  # daphne holds its own copy now
+    process.port = port
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise ServerDidNotStart(f"daphne exited with {process.returncode}")
-        if answers(host, port, timeout=0.2):
+        if ready(host, port, timeout=0.2 if ready is answers else 1.0):
             return process
         time.sleep(0.05)
     stop_server(process, kill=True)

@@ -6,13 +6,16 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 
+import hypothesis
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 
 from delegation.services import tokens
+from tests.live_server import _module_daphne  # noqa: F401  (fixture behind daphne_server)
 from tests.personas import (  # noqa: F401  (fixtures)
     admin,
     operator,
@@ -22,10 +25,103 @@ from tests.personas import (  # noqa: F401  (fixtures)
     viewer,
 )
 
+# `.ci/run` sets this: a skipped test is a test that did not run, so in CI it fails, except a
+# test marked ``postgres`` on a pass without the backends it names (the SQLite pass).
+NO_SKIPS = "CANOPY_NO_SKIPS"
+
+
+def on_postgres() -> bool:
+    return settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+
+
+def missing_backends(item) -> str | None:
+    """Why ``item`` cannot run here, if it is marked ``postgres`` and a backend is missing."""
+    marker = item.get_closest_marker("postgres")
+    if marker is None:
+        return None
+    if not on_postgres():
+        return "needs PostgreSQL: set DATABASE_URL=postgres://... (.ci/run's second pass does)"
+    if marker.kwargs.get("redis") and not settings.REDIS_URL:
+        return "needs PostgreSQL and Redis: set REDIS_URL too (.ci/run's second pass does)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        reason = missing_backends(item)
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _skip_forbidden(report, item=None) -> bool:
+    if not os.environ.get(NO_SKIPS) or not report.skipped or hasattr(report, "wasxfail"):
+        return False
+    return item is None or missing_backends(item) is None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if _skip_forbidden(report, item):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped under {NO_SKIPS} (every test must run here): {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    # A module skipped as a whole (importorskip, allow_module_level) is caught here.
+    outcome = yield
+    report = outcome.get_result()
+    if _skip_forbidden(report):
+        report.outcome = "failed"
+        report.longrepr = f"module skipped under {NO_SKIPS}: {report.longrepr}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_leftover_sessions(request, django_db_blocker):
+    """Before the PostgreSQL test database is dropped, end every other session on it: one
+    left open (a test thread's connection, a server killed mid-request) would keep it from
+    being dropped, and with a per-process name nothing would ever drop it."""
+    if not on_postgres():
+        yield
+        return
+    request.getfixturevalue("django_db_setup")  # torn down after this fixture
+    yield
+    from django.db import connection
+
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
+# Hypothesis: "dev" (the default) explores fresh examples each run; "ci" (HYPOTHESIS_PROFILE=ci,
+# set by .ci/run) is derandomised, so a CI failure reproduces on any machine, and prints the
+# blob that replays the failing example (@reproduce_failure).
+hypothesis.settings.register_profile("dev", print_blob=True)
+hypothesis.settings.register_profile("ci", derandomize=True, print_blob=True, database=None)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
 
 def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "own_server: the test restarts its server, so it gets one of its own"
+    )
+    config.addinivalue_line(
+        "markers",
+        "postgres(redis=False): needs PostgreSQL (and Redis with redis=True); skipped, and "
+        "reported, on the SQLite pass, and the only skip CANOPY_NO_SKIPS allows",
+    )
     # The in-process sweep would race the tests' own explicit sweeps and DB teardown.
     settings.UPKEEP_IN_PROCESS = False
+    if on_postgres():
+        # The process id in the name: two runs on one server (CI, several checkouts) never
+        # create, use or drop each other's test database.
+        test = settings.DATABASES["default"].setdefault("TEST", {})
+        test["NAME"] = f"{test.get('NAME') or 'canopy_test'}_{os.getpid()}"
     # Persistent connections held by async-to-sync worker threads would block dropping the
     # PostgreSQL test database at the end of the session.
     settings.DATABASES["default"]["CONN_MAX_AGE"] = 0
@@ -211,6 +307,18 @@ class RpcClient:
                 await self._note_command(frame)
             elif frame.get("id") is not None:
                 self.stash[frame["id"]] = frame
+
+    async def until_answered(self, timeout: float = 10) -> None:
+        """Handle server commands until every stored command has its answer recorded."""
+        from delegation.models import Command
+
+        pending = adb(Command.objects.filter(answered_at__isnull=True).exists)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while await pending():
+            if loop.time() >= deadline:
+                raise AssertionError(f"commands still unanswered after {timeout} s")
+            await self.quiet(0.05)
 
     def commands_of(self, method: str, **match) -> list[dict]:
         return [

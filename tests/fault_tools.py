@@ -49,7 +49,7 @@ class TcpProxy:
 
     def __init__(self, target: int):
         self.target = target
-        self.port = free_port()
+        self.port = 0  # bound by start(): the kernel's choice, no race with other processes
         self.refusing = False
         self.accepted = 0
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
@@ -63,6 +63,7 @@ class TcpProxy:
     def start(self) -> TcpProxy:
         self._thread.start()
         self._server = self._run(asyncio.start_server(self._handle, "127.0.0.1", self.port))
+        self.port = self._server.sockets[0].getsockname()[1]
         return self
 
     def _run(self, coroutine, timeout: float = 10):

@@ -24,6 +24,8 @@ from django.conf import settings
 
 from canopy.serving import ServerDidNotStart, free_port, start_server, stop_server
 
+__all__ = ["DaphneServer", "daphne_factory", "daphne_server", "free_port"]
+
 SQLITE_OPTIONS = "timeout=20&transaction_mode=IMMEDIATE&init_command=" + quote(
     "PRAGMA journal_mode=WAL;PRAGMA synchronous=NORMAL;PRAGMA busy_timeout=20000;", safe=""
 )
@@ -46,10 +48,13 @@ def database_url() -> str:
 
 
 class DaphneServer:
-    """One daphne process; stop/start/restart keep the port so clients can reconnect."""
+    """One daphne process; stop/start/restart keep the port so clients can reconnect.
+
+    The first start binds port 0 and learns the port daphne got; a restart binds that port
+    again (it was this server's a moment ago)."""
 
     def __init__(self, env: dict[str, str] | None = None, port: int | None = None):
-        self.port = port or free_port()
+        self.port = port or 0
         self.extra_env = dict(env or {})
         self.process: subprocess.Popen | None = None
         self.log_file = tempfile.NamedTemporaryFile(
@@ -88,6 +93,7 @@ class DaphneServer:
             )
         except ServerDidNotStart as failure:
             raise RuntimeError(f"{failure}:\n{self.log()}") from None
+        self.port = self.process.port
         return self
 
     def stop(self, kill: bool = False, timeout: float = 10.0) -> None:
@@ -104,9 +110,16 @@ class DaphneServer:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def log(self) -> str:
+    def log(self, since: int = 0) -> str:
+        """The server's output (from byte ``since``), at most its last 20,000 characters."""
         self.log_file.flush()
-        return Path(self.log_file.name).read_text(errors="replace")[-20000:]
+        with open(self.log_file.name, "rb") as log:
+            log.seek(since)
+            return log.read().decode(errors="replace")[-20000:]
+
+    def log_size(self) -> int:
+        self.log_file.flush()
+        return Path(self.log_file.name).stat().st_size
 
     def close(self) -> None:
         self.stop()
@@ -133,7 +146,28 @@ def daphne_factory(transactional_db):
         server.close()
 
 
+@pytest.fixture(scope="module")
+def _module_daphne(request, django_db_setup, django_db_blocker):
+    """One server for a whole module: starting and stopping one costs more than most of the
+    tests that use it. Its settings are the defaults plus the module's ``DAPHNE_ENV`` (a
+    dict), if it has one. Started before any test's monkeypatch, so no test's environment
+    leaks into it."""
+    env = getattr(request.module, "DAPHNE_ENV", {})
+    server = DaphneServer({k: str(v) for k, v in env.items()})
+    server.start()
+    yield server
+    server.close()
+
+
 @pytest.fixture
-def daphne_server(daphne_factory):
-    """A running server with the default settings (use ``daphne_factory`` to set env)."""
-    return daphne_factory()
+def daphne_server(_module_daphne, transactional_db):
+    """A running server with the default settings, shared by the module's tests: never
+    restart or reconfigure it (use ``daphne_factory`` for a server of the test's own)."""
+    server = _module_daphne
+    assert server.running, f"the module's daphne has stopped:\n{server.log()}"
+    mark = server.log_size()
+    starts = server.starts
+    yield server
+    assert server.starts == starts, "a test restarted the shared server: use daphne_factory"
+    # Shown by pytest only when the test failed: what the server said during it.
+    print(f"--- daphne log (port {server.port}) ---\n{server.log(mark)}")

@@ -1,9 +1,7 @@
 """The acp engine driving the real ``@zed-industries/claude-code-acp`` adapter (pinned by
 ``make agents``) against the scripted Anthropic Messages endpoint: offline, no key.
 
-It needs the stub and the CLI helpers of the agents groundwork (``tests/agents/model_stub.py``,
-``tests/agents/claude_cli.py``); until those are on this branch the module is skipped as a
-whole, and once they are, a missing adapter fails the test (``claude_cli`` raises).
+A missing adapter fails the test (``claude_cli`` raises), it never skips.
 """
 
 from __future__ import annotations
@@ -19,13 +17,7 @@ from delegation.runner.acp import AcpEngine, AcpPreset
 from delegation.runner.host import RunnerHost
 from delegation.services import tokens
 from tests import live_server
-
-model_stub = pytest.importorskip(
-    "tests.agents.model_stub", reason="the scripted model endpoint is not on this branch yet"
-)
-claude_cli = pytest.importorskip(
-    "tests.agents.claude_cli", reason="the Claude Code CLI helpers are not on this branch yet"
-)
+from tests.agents import claude_cli, model_stub
 
 daphne_factory = live_server.daphne_factory
 daphne_server = live_server.daphne_server

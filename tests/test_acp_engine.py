@@ -233,13 +233,12 @@ async def test_it_cancels_with_session_cancel_and_stops_a_stubborn_agent(harness
         child.child_id, lambda r, ev: any("[working 0]" in (e.text or "") for e in ev)
     )
     pid = h.started()[-1]["pid"]
-    sent = time.monotonic()
     await h.c.child_cancel("root-run", h.ext, h.gen, child.child_id)
     result, events = await h.read_until(child.child_id, lambda r, ev: r.done)
     assert result.cancelled and result.status == "cancelled"
     # The agent heard session/cancel and ended its turn itself, well inside the grace.
+    # (That text is the proof; how fast it came depends on the machine's load.)
     assert any(e.text == "Stopping as asked." for e in events if e.kind == "text")
-    assert time.monotonic() - sent < 2.0
     assert not pid_alive(pid)
 
     stubborn = await h.start("stubborn", profile="stubborn")
@@ -249,11 +248,10 @@ async def test_it_cancels_with_session_cancel_and_stops_a_stubborn_agent(harness
     pid = h.started()[-1]["pid"]
     sent = time.monotonic()
     await h.c.child_cancel("root-run", h.ext, h.gen, stubborn.child_id)
-    await asyncio.sleep(0.3)
-    assert pid_alive(pid)  # ignoring session/cancel, still inside its 0.5 s grace
     result, _ = await h.read_until(stubborn.child_id, lambda r, ev: r.done)
     assert result.cancelled
-    # session/cancel grace, then SIGTERM (ignored) grace, then SIGKILL.
+    # session/cancel grace, then SIGTERM (ignored) grace, then SIGKILL: a lower bound, which
+    # load cannot break, where a sleep-then-check could outlast the grace on a busy machine.
     assert time.monotonic() - sent >= 1.0
     assert not pid_alive(pid)
 

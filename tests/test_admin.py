@@ -40,11 +40,9 @@ async def make_runs(runner):
 async def settle(runner, *methods):
     """Let the server finish sending (and recording answers to) the commands an action queued,
     so the database flush after the test does not race the runner socket's last writes."""
-    import asyncio
-
     for method in methods:
         await runner.wait_command(method)
-    await asyncio.sleep(0.5)
+    await runner.until_answered()
 
 
 def action(client: Client, model: str, name: str, pks, **extra):
@@ -155,3 +153,44 @@ def test_it_limits_the_admin_steer_message_in_bytes_as_the_service_does():
     too_long = SteerForm({"message": "é" * (MAX_STEER_BYTES // 2 + 1), "request_id": "r"})
     assert not too_long.is_valid()
     assert too_long.errors["message"] == [f"At most {MAX_STEER_BYTES} bytes of UTF-8."]
+
+
+# SPEC §7: admins also manage runner tokens, API tokens and users. The pages that manage them
+# are refused to every other role; someone with no role is sent to the login page.
+ADMIN_ONLY = [
+    "/admin/delegation/apitoken/",
+    "/admin/delegation/apitoken/{token}/change/",
+    "/admin/auth/user/",
+    "/admin/auth/user/add/",
+    "/admin/auth/user/{user}/change/",
+    "/admin/auth/group/",
+    "/admin/delegation/runner/add/",
+]
+# The admin persona reaches the API-token pages. The user and runner-token pages are refused
+# to it too today (it is not a superuser and holds no Django model permissions; the admin has
+# no runner-token page at all): no case asserts that, as it is not a rule but a gap.
+ADMIN_REACHES = ["/admin/delegation/apitoken/", "/admin/delegation/apitoken/{token}/change/"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("persona", "path"),
+    [(p, path) for p in ("viewer", "operator", "outsider") for path in ADMIN_ONLY]
+    + [("admin", path) for path in ADMIN_REACHES],
+)
+def test_it_keeps_the_admin_only_pages_to_admins(people, persona, path):
+    from delegation.services import tokens
+
+    token, secret = tokens.create_api_token(people["viewer"], "script")
+    user = people[persona]
+    url = path.format(token=token.pk, user=people["viewer"].pk)
+    response = signed_in(user).get(url)
+    if persona == "outsider":
+        assert response.status_code == 302 and response["Location"].startswith("/admin/login/")
+    elif persona == "admin":
+        assert response.status_code == 200
+        body = response.content.decode()
+        assert token.token_prefix in body and secret not in body and token.token_hash not in body
+    else:
+        assert response.status_code == 403, (persona, url)
+        assert token.token_prefix not in response.content.decode()

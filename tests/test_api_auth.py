@@ -2,10 +2,14 @@
 authenticating (session, API token); CSRF on session POSTs; bad and revoked tokens."""
 # ruff: noqa: F811 - pytest fixtures are imported from tests.test_api_support
 
+import json
+
 import pytest
 
 from delegation.models import AuditEntry
 from delegation.services import tokens
+from delegation.services.operator import Actor, audit
+from tests.conftest import observable_state
 from tests.test_api_support import AUTH_MODES, PERSONAS, as_, world  # noqa: F401
 
 pytestmark = pytest.mark.django_db
@@ -32,6 +36,64 @@ ACTIONS = [
 ]
 
 
+def _ids(body, key):
+    return {item[key] for item in body["items"]}
+
+
+def _of_runs(world, key):
+    runs = (world.root, world.child, world.grandchild, world.leased, world.finished)
+    return {run[key] for run in runs}
+
+
+def _export_lines(response):
+    return [json.loads(line) for line in b"".join(response.streaming_content).splitlines()]
+
+
+# What each read must show of the world (tests.test_api_support.build_world) and the audit
+# entry seeded before it: a 200 with an empty or wrong body is not a read that worked.
+SEEN = {
+    "/api/runs": lambda r, w: _ids(r.json(), "runId") == _of_runs(w, "runId"),
+    "/api/runs/{root}": lambda r, w: (
+        (r.json()["runId"], r.json()["childCounts"]["total"]) == ("root-1", 3)
+    ),
+    "/api/runs/{root}/tree": lambda r, w: (
+        {c["runId"] for c in r.json()["children"]}
+        == {w.child["runId"], w.leased["runId"], w.finished["runId"]}
+    ),
+    "/api/runs/{root}/events": lambda r, w: (
+        [(e["sequence"], e["kind"]) for e in r.json()["items"]]
+        == [(1, "text"), (2, "tool-use"), (3, "tool-result"), (4, "text")]
+    ),
+    "/api/runs/{root}/export": lambda r, w: (
+        [(e["runId"], e["sequence"]) for e in _export_lines(r)]
+        == [("root-1", n) for n in (1, 2, 3, 4)]
+    ),
+    "/api/sessions": lambda r, w: _ids(r.json(), "conversationId") == _of_runs(w, "conversationId"),
+    "/api/sessions/conv-root-1": lambda r, w: (
+        [run["runId"] for run in r.json()["runs"]] == ["root-1"]
+    ),
+    "/api/leases": lambda r, w: _ids(r.json(), "leaseId") == {"lease-1"},
+    "/api/leases/{lease}": lambda r, w: (
+        (r.json()["leaseId"], r.json()["parentRunId"], r.json()["childCount"])
+        == ("lease-1", "root-1", 1)
+    ),
+    "/api/runners": lambda r, w: _ids(r.json(), "runnerId") == {"runner-a"},
+    "/api/runners/runner-a": lambda r, w: (
+        {p["name"] for p in r.json()["presets"]} == {"worker", "reviewer"}
+    ),
+    "/api/audit": lambda r, w: (
+        [(e["action"], e["targetId"]) for e in r.json()["items"]] == [("seeded", "root-1")]
+    ),
+}
+
+
+def unchanged_state() -> dict:
+    """What an action could change, leaving out the audit log (a refusal is audited)."""
+    seen = observable_state()
+    del seen["counts"]["AuditEntry"]
+    return seen
+
+
 def fill(path: str, world) -> str:
     return path.format(root="root-1", child=world.child["runId"], lease=world.lease_pk)
 
@@ -46,13 +108,19 @@ def error_of(response) -> dict:
 @pytest.mark.parametrize("path", READS)
 @pytest.mark.parametrize("mode", AUTH_MODES)
 @pytest.mark.parametrize("persona", PERSONAS)
-def test_it_lets_viewers_and_operators_read_and_refuses_outsiders(as_, world, path, mode, persona):
+def test_it_lets_viewers_and_operators_read_and_refuses_outsiders(
+    as_, world, people, path, mode, persona
+):
+    audit(Actor.for_user(people["admin"], "api"), "seeded", "run", "root-1", "ok")
     response = as_(persona, mode).get(fill(path, world))
     if persona == "outsider":
         assert response.status_code == 403
         assert error_of(response)["code"] == "forbidden"
     else:
         assert response.status_code == 200, response.content[:500]
+        assert SEEN[path](response, world), (
+            b"".join(response.streaming_content) if response.streaming else response.content
+        )[:2000]
 
 
 @pytest.mark.parametrize("path", READS + [a for a, _ in ACTIONS])
@@ -72,6 +140,7 @@ def test_it_answers_401_without_credentials(as_, world, path):
 @pytest.mark.parametrize("persona", PERSONAS)
 def test_it_lets_only_operators_act(as_, world, path, body, mode, persona):
     before = AuditEntry.objects.count()
+    stored = unchanged_state()
     response = as_(persona, mode).post(fill(path, world), body)
     if persona == "operator":
         assert response.status_code == 200, response.content
@@ -85,10 +154,12 @@ def test_it_lets_only_operators_act(as_, world, path, body, mode, persona):
         entry = AuditEntry.objects.latest("id")
         assert AuditEntry.objects.count() == before + 1
         assert entry.outcome == "refused: not an operator" and entry.actor == "user:vera"
+        assert unchanged_state() == stored
     else:
         assert response.status_code == 403
         assert error_of(response)["code"] == "forbidden"
         assert AuditEntry.objects.count() == before
+        assert unchanged_state() == stored
 
 
 def test_it_refuses_a_session_post_without_the_csrf_token(as_, world):

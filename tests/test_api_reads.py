@@ -9,7 +9,8 @@ from django.utils import timezone
 
 from delegation import rpc
 from delegation.models import AuditEntry, Run
-from tests.test_api_support import as_, emit, start_child, world  # noqa: F401
+from delegation.services.operator import Actor, audit
+from tests.test_api_support import as_, drive_runner, emit, start_child, world  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 
@@ -287,3 +288,63 @@ def test_it_searches_runs_and_filters_audit_with_the_dashboards_meaning(api, wor
     page = dashboard.get("/audit/", {"outcome": "refused"}).content.decode()
     assert 'data-outcome="refused: needs operator"' in page
     assert 'data-outcome="requested"' not in page
+
+
+def _add_session(world, tag):
+    rpc.open_run(world.conn, {"conversationId": f"c-{tag}", "runId": f"run-{tag}"})
+
+
+def _add_lease(world, tag):
+    # A parent of its own: one parent may have only so many running children.
+    rpc.open_run(world.conn, {"conversationId": f"c-{tag}", "runId": f"parent-{tag}"})
+    start_child(world.conn, f"parent-{tag}", f"req-{tag}", lease=f"lease-{tag}")
+
+
+def _add_audit(world, tag):
+    audit(Actor(label="user:olga", via="api"), "cancel", "run", f"target-{tag}", "requested")
+
+
+def _add_runner(world, tag):
+    drive_runner(f"runner-{tag}")
+
+
+# Every list besides runs and events: how to add one item, which field names it, and whether
+# the list runs newest first (an item added mid-walk then never lands on a later page) or
+# oldest first (it lands at the end).
+LISTS = {
+    "/api/sessions": (_add_session, "conversationId", True),
+    "/api/leases": (_add_lease, "leaseId", True),
+    "/api/audit": (_add_audit, "targetId", True),
+    "/api/runners": (_add_runner, "runnerId", False),
+}
+
+
+@pytest.mark.parametrize("path", list(LISTS))
+def test_it_follows_the_cursor_past_page_one_while_items_are_added(api, world, path):
+    add, key, newest_first = LISTS[path]
+    for index in range(7):
+        add(world, f"before-{index}")
+    expected = [item[key] for item in api.get(path, {"limit": 1000}).json()["items"]]
+    assert len(expected) >= 7
+    seen, cursor, pages = [], None, 0
+    while True:
+        params = {"limit": 3} if cursor is None else {"limit": 3, "cursor": cursor}
+        response = api.get(path, params)
+        assert response.status_code == 200, response.content
+        body = response.json()
+        assert len(body["items"]) <= 3
+        seen += [item[key] for item in body["items"]]
+        pages += 1
+        if pages == 1:
+            for index in range(2):
+                add(world, f"during-{index}")
+        cursor = body["next"]
+        if cursor is None:
+            break
+        assert pages < 20, seen
+    assert len(seen) == len(set(seen)), seen
+    if newest_first:
+        assert seen == expected
+    else:
+        added = [item[key] for item in api.get(path, {"limit": 1000}).json()["items"]]
+        assert seen == expected + added[len(expected) :] and len(added) == len(expected) + 2

@@ -6,7 +6,7 @@ is accepted, and auth is enforced. Runs in ``make test`` (no server: WSGI in-pro
 On its own: ``.venv/bin/python -m pytest tests/test_api_schema.py``.
 """
 
-import itertools
+import hashlib
 
 import pytest
 import schemathesis
@@ -85,13 +85,18 @@ class OperatorToken:
         case.headers["Authorization"] = f"Bearer {data}"
 
 
-_turn = itertools.count()
+def _aimed(case) -> bool:
+    """Half the cases, chosen by the case's own content: the same case is aimed (or not)
+    whatever ran before it, so a failure reproduces alone (a module-wide counter made the
+    choice depend on every earlier example of every operation)."""
+    material = repr((case.operation.label, case.path_parameters, case.query, case.body))
+    return hashlib.sha256(material.encode()).digest()[0] % 2 == 0
 
 
 def aim_at_real_resources(case, world) -> None:
-    """Every other case addresses a resource that exists, so success responses are checked
+    """Half the cases address a resource that exists, so success responses are checked
     against their schemas too (a random id only ever reaches the 404 branch)."""
-    if next(_turn) % 2:
+    if not _aimed(case):
         return
     real = {
         "runId": world.child["runId"],

@@ -14,20 +14,34 @@ import pytest
 from delegation.models import AuditEntry, Event, Lease, Run
 from delegation.protocol import MAX_STEER_BYTES
 from delegation.services import tokens
-from tests.browser import CHROMIUM, ScriptedRunner, launch, screenshot_name, sequences, sign_in
-from tests.live_server import daphne_factory  # noqa: F401  (fixture)
+from tests.browser import (
+    ScriptedRunner,
+    launch,
+    needs_chromium,
+    screenshot_name,
+    sequences,
+    sign_in,
+)
+from tests.live_server import daphne_factory, daphne_server  # noqa: F401  (fixtures)
 from tests.personas import PASSWORD
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium package"),
+    needs_chromium,
     pytest.mark.timeout(180),
 ]
 
 
+# The module's shared server (tests.live_server.daphne_server) runs with these.
+DAPHNE_ENV = {"LIVE_HEARTBEAT_SECONDS": "1"}
+
+
 @pytest.fixture
-def server(daphne_factory):  # noqa: F811
-    return daphne_factory(LIVE_HEARTBEAT_SECONDS="1")
+def server(request, daphne_factory):  # noqa: F811
+    """The module's server, or one of the test's own if it restarts it (``own_server``)."""
+    if request.node.get_closest_marker("own_server"):
+        return daphne_factory(**DAPHNE_ENV)
+    return request.getfixturevalue("daphne_server")
 
 
 @pytest.fixture
@@ -223,6 +237,7 @@ def test_it_shows_a_viewer_no_controls_and_refuses_a_forged_action(server, runne
     assert AuditEntry.objects.get(actor="user:vera").outcome.startswith("refused")
 
 
+@pytest.mark.own_server
 def test_it_shows_every_event_once_in_order_across_a_dropped_socket_and_a_restart(
     server, runner, browser, operator
 ):

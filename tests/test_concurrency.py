@@ -16,7 +16,7 @@ import threading
 import time
 
 import pytest
-from django.db import connection, connections
+from django.db import connections
 
 from delegation import rpc
 from delegation.errors import RpcError
@@ -26,11 +26,9 @@ from tests.conftest import DEFAULT_EXTENSION, adb
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-parallel_writers = pytest.mark.skipif(
-    connection.vendor == "sqlite",
-    reason="needs truly parallel writers with row locks: SQLite serialises all writes on one "
-    "file lock, so these run on PostgreSQL only (DATABASE_URL, as in .ci/run's second pass)",
-)
+# Truly parallel writers with row locks: SQLite serialises all writes on one file lock, so
+# these run on PostgreSQL only (DATABASE_URL, as in .ci/run's second pass).
+parallel_writers = pytest.mark.postgres
 
 
 # --- helpers -----------------------------------------------------------------------------------

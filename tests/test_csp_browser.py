@@ -5,15 +5,15 @@ from __future__ import annotations
 import os
 
 import pytest
-from django.contrib.auth.models import Group, User
 
 from delegation.services import tokens
-from tests.browser import CHROMIUM, ScriptedRunner, launch, sign_in
+from tests.browser import ScriptedRunner, launch, needs_chromium, sign_in
 from tests.live_server import daphne_factory  # noqa: F401  (fixture)
+from tests.personas import PASSWORD
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium package"),
+    needs_chromium,
     pytest.mark.timeout(180),
 ]
 
@@ -31,14 +31,13 @@ def allow_orm_from_playwright():
 
 
 def test_it_loads_every_page_with_no_content_security_policy_violation(
+    admin,
     daphne_factory,  # noqa: F811
     allow_orm_from_playwright,
 ):
     from playwright.sync_api import sync_playwright
 
     server = daphne_factory(LIVE_HEARTBEAT_SECONDS="1")
-    user = User.objects.create_user("cora", password="pw", is_staff=True)
-    user.groups.add(Group.objects.get_or_create(name="admin")[0])
     _runner, token = tokens.create_runner("csp-runner")
     runner = ScriptedRunner(f"ws://127.0.0.1:{server.port}/ws/runner/", token).start()
     try:
@@ -59,7 +58,7 @@ def test_it_loads_every_page_with_no_content_security_policy_violation(
                     else None
                 ),
             )
-            sign_in(page, server.http_url, "cora", "pw")
+            sign_in(page, server.http_url, admin.username, PASSWORD)
             page.wait_for_selector("#live-state[data-state=live]")
             for path, ready in (
                 ("/trees/root-1/", '#tree [data-run-id="root-1"]'),

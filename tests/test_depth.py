@@ -354,6 +354,8 @@ def test_it_resolves_to_zero_when_nothing_is_declared():
 
 
 def test_it_resolves_in_spec_order(sid):
+    """explicit -> context -> session -> env -> 0: the context level (a request's explicit
+    value carried down the call stack) outranks the session's, as the README states."""
     env = {depth.ENV_VAR: "4"}
     depth.set_session(sid, 3)
     with depth.with_context(2):

@@ -83,6 +83,27 @@ def head_reached(run_id, sequence):
     )
 
 
+# Long enough that the events above come by doorbell, well before the first heartbeat (which
+# would catch up from the database); short enough to wait for one after the head.
+HEARTBEAT = 3.0
+
+
+async def through_heartbeat(ws, run_id, sequence) -> list[dict]:
+    """Frames up to ``sequence`` of ``run_id``, then on to the next heartbeat that reports it.
+
+    A heartbeat comes after a catch-up from the database with every earlier job done, so a
+    duplicated or stray batch sent after the head would be among these frames.
+    """
+    frames = await until(ws, head_reached(run_id, sequence))
+    assert not [f for f in frames if f["type"] == "heartbeat"], "head came by heartbeat"
+    frames += await until(
+        ws,
+        lambda f: f["type"] == "heartbeat" and f["runs"].get(run_id, -1) >= sequence,
+        timeout=HEARTBEAT * 3,
+    )
+    return frames
+
+
 async def emit(runner, run_id, start, *texts):
     return await runner.ok(
         "run.event",
@@ -98,7 +119,8 @@ def check_frames(frames):
             model.model_validate(f)
 
 
-async def test_it_replays_from_after_then_pushes_new_events_in_order(runner, operator):
+async def test_it_replays_from_after_then_pushes_new_events_in_order(runner, operator, settings):
+    settings.LIVE_HEARTBEAT_SECONDS = HEARTBEAT
     await runner.open("root-1")
     await emit(runner, "root-1", 1, "one", "two", "three")
     ws = await operator_socket(operator)
@@ -106,7 +128,7 @@ async def test_it_replays_from_after_then_pushes_new_events_in_order(runner, ope
     frames = await until(ws, head_reached("root-1", 3))
     await emit(runner, "root-1", 4, "four")
     await emit(runner, "root-1", 5, "five", "six")
-    frames += await until(ws, head_reached("root-1", 6))
+    frames += await through_heartbeat(ws, "root-1", 6)
     assert event_sequences(frames, "root-1") == [2, 3, 4, 5, 6]
     texts = [e["text"] for f in frames if f["type"] == "events" for e in f["events"]]
     assert texts == ["two", "three", "four", "five", "six"]
@@ -134,16 +156,18 @@ async def test_it_catches_up_from_the_database_when_every_doorbell_is_lost(
     await emit(runner, "root-1", 1, "a", "b")
     await emit(runner, "root-1", 3, "c")
     frames = await until(ws, head_reached("root-1", 3))
+    # One more heartbeat after the head: nothing sent twice on the way.
+    frames += await until(ws, lambda f: f["type"] == "heartbeat")
     assert event_sequences(frames, "root-1") == [1, 2, 3]
-    beat = (await until(ws, lambda f: f["type"] == "heartbeat"))[-1]
-    assert beat["runs"] == {"root-1": 3}
-    check_frames(frames + [beat])
+    assert frames[-1]["runs"] == {"root-1": 3}
+    check_frames(frames)
     await ws.disconnect()
 
 
 async def test_it_reads_the_database_when_a_doorbell_with_events_goes_missing(
-    runner, monkeypatch, operator
+    runner, monkeypatch, operator, settings
 ):
+    settings.LIVE_HEARTBEAT_SECONDS = HEARTBEAT
     await runner.open("root-1")
     ws = await operator_socket(operator)
     await ws.send_json_to({"type": "subscribe", "runId": "root-1", "after": 0})
@@ -160,7 +184,7 @@ async def test_it_reads_the_database_when_a_doorbell_with_events_goes_missing(
     await emit(runner, "root-1", 1, "a")  # carried: follows sequence 0
     await emit(runner, "root-1", 2, "b", "c")  # its ring is lost
     await emit(runner, "root-1", 4, "d")  # carried, but 2-3 are missing: read instead
-    frames = await until(ws, head_reached("root-1", 4))
+    frames = await through_heartbeat(ws, "root-1", 4)
     assert len(calls) == 3
     assert event_sequences(frames, "root-1") == [1, 2, 3, 4]
     texts = [e["text"] for f in frames if f["type"] == "events" for e in f["events"]]
@@ -168,7 +192,8 @@ async def test_it_reads_the_database_when_a_doorbell_with_events_goes_missing(
     await ws.disconnect()
 
 
-async def test_it_resumes_after_a_dropped_socket_with_the_last_sequence(runner, operator):
+async def test_it_resumes_after_a_dropped_socket_with_the_last_sequence(runner, operator, settings):
+    settings.LIVE_HEARTBEAT_SECONDS = HEARTBEAT
     await runner.open("root-1")
     await emit(runner, "root-1", 1, "a", "b", "c")
     ws = await operator_socket(operator)
@@ -179,7 +204,7 @@ async def test_it_resumes_after_a_dropped_socket_with_the_last_sequence(runner, 
     ws = await operator_socket(operator)
     await ws.send_json_to({"type": "subscribe", "runId": "root-1", "after": first[-1]})
     await emit(runner, "root-1", 6, "f")
-    second = event_sequences(await until(ws, head_reached("root-1", 6)), "root-1")
+    second = event_sequences(await through_heartbeat(ws, "root-1", 6), "root-1")
     assert first + second == [1, 2, 3, 4, 5, 6]
     await ws.disconnect()
 

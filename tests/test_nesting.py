@@ -7,8 +7,8 @@ import json
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
-from django.contrib.auth.models import Group, User
-from django.test import Client
+
+from tests.personas import session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,18 +28,10 @@ async def test_it_answers_32700_to_deep_nesting_and_keeps_the_runner_socket(runn
     assert pong["error"]["code"] == -32601
 
 
-def _operator_cookie() -> bytes:
-    user = User.objects.create_user("nora", password="pw")
-    user.groups.add(Group.objects.get_or_create(name="operator")[0])
-    client = Client()
-    client.force_login(user)
-    return f"sessionid={client.cookies['sessionid'].value}".encode()
-
-
-async def test_it_sends_an_error_frame_for_deep_nesting_and_keeps_the_live_socket():
+async def test_it_sends_an_error_frame_for_deep_nesting_and_keeps_the_live_socket(operator):
     from canopy.asgi import application
 
-    cookie = await database_sync_to_async(_operator_cookie)()
+    cookie = await database_sync_to_async(session_cookie)(operator)
     ws = WebsocketCommunicator(
         application,
         "/ws/live/",

@@ -22,11 +22,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 async def settle(runner, *methods):
     """Let the server finish sending (and recording answers to) the commands an action queued,
     so the database flush after the test does not race the runner socket's last writes."""
-    import asyncio
-
     for method in methods:
         await runner.wait_command(method)
-    await asyncio.sleep(0.5)
+    await runner.until_answered()
 
 
 # Signed in before the test body, with CSRF checked as a browser's form posts are.

@@ -1,5 +1,7 @@
 """SPEC §6 child.cancel and child.steer: outcomes, idempotency, receipts, commands, audit."""
 
+import json
+
 import pytest
 
 from delegation.models import AuditEntry, Command, Event, SteerReceipt
@@ -279,13 +281,42 @@ async def test_it_refuses_to_steer_a_child_it_does_not_own(runner_token, make_cl
     assert await state() == before
 
 
-async def test_it_resends_an_unanswered_run_steer_only_until_answered(runner):
+async def test_it_stores_the_runner_answer_to_a_run_steer(runner):
     child = await _child(runner)
     await runner.ok("child.steer", runner.on_child(child, message="m", requestId="s"))
-    command = await runner.wait_command("run.steer")
-    stored = await adb(Command.objects.get)(method="run.steer")
-    await runner.quiet(0.2)
+    command = await runner.wait_command("run.steer")  # answered by the client on arrival
+    # Frames are handled in order: once this read is answered, the steer answer was handled.
+    await runner.read(child)
     stored = await adb(Command.objects.get)(method="run.steer")
     assert stored.answered_at is not None
     assert stored.result == {"outcome": "injected"}
     assert command["id"] == stored.rpc_id
+
+
+async def test_it_resends_an_unanswered_run_steer_after_a_reconnect_only_until_answered(
+    runner_token, make_client
+):
+    first = await make_client(runner_token)
+    child = await _child(first)
+    first.answer_commands = False
+    await first.ok("child.steer", first.on_child(child, message="m", requestId="s"))
+    sent = await first.wait_command("run.steer")
+    # Unanswered: the next connection of the runner gets the same request again.
+    second = await make_client(runner_token, register=False)
+    second.answer_commands = False
+    await second.register()
+    again = await second.wait_command("run.steer")
+    assert (again["id"], again["params"]) == (sent["id"], sent["params"])
+    await second.send_raw(
+        json.dumps({"jsonrpc": "2.0", "id": again["id"], "result": {"outcome": "injected"}})
+    )
+    await second.read(child)  # in order: the answer above was handled
+    stored = await adb(Command.objects.get)(method="run.steer")
+    assert stored.answered_at is not None and stored.result == {"outcome": "injected"}
+    # Answered: a third connection does not get it. A command enqueued after the register is
+    # sent by a flush that also claims every earlier unsent command, so once run.cancel has
+    # arrived, a resent run.steer would have too.
+    third = await make_client(runner_token)
+    await third.ok("child.cancel", third.on_child(child))
+    await third.wait_command("run.cancel", runId=child["runId"])
+    assert third.commands_of("run.steer") == []

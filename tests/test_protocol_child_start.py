@@ -850,3 +850,30 @@ async def test_it_resumes_on_the_same_host_after_it_registers_again(runner):
     await runner.register(host="host-1")
     resumed = await runner.start(request_id="req-2", lease="L1", resume=first["conversationId"])
     assert resumed["conversationId"] == first["conversationId"]
+
+
+# --- what a requestId replay compares -------------------------------------------------------
+# The fingerprint of a child.start covers the request, extensionId, toolCallId and leaseId
+# (README, "Idempotency of child.start"): a replay that differs only in the tool call it is
+# bound to, or in the lease that owns it, asks for a different child and is refused.
+
+
+async def test_it_refuses_a_request_id_replay_from_another_tool_call(runner):
+    await runner.open("root-1")
+    child = await runner.start(tool_call="call-1")
+    again = await runner.start(tool_call="call-1")
+    assert again["runId"] == child["runId"]
+    error = await _refused(runner, runner.start_params(tool_call="call-2"), -32013, "requestId")
+    assert "different input" in error["message"]
+    await _refused(runner, runner.start_params(), -32013, "requestId")
+
+
+async def test_it_refuses_a_request_id_replay_under_another_lease(runner):
+    await runner.open("root-1")
+    leased = await runner.start(lease="L1")
+    assert (await runner.start(lease="L1"))["runId"] == leased["runId"]
+    await _refused(runner, runner.start_params(lease="L2"), -32013, "requestId")
+    await _refused(runner, runner.start_params(), -32013, "requestId")
+    # The other way round: first without a lease, then the same requestId under one.
+    await runner.start(request_id="plain")
+    await _refused(runner, runner.start_params(request_id="plain", lease="L1"), -32013)

@@ -336,3 +336,36 @@ async def test_it_refuses_a_refused_spawn_without_a_command(runner, settings):
     assert error["code"] == -32010
     assert await adb(Command.objects.count)() == commands
     assert len(runner.commands_of("child.execute")) == 1
+
+
+async def test_it_refuses_a_lease_only_start_when_the_finished_parent_is_at_the_cap(
+    runner, settings
+):
+    settings.DELEGATION_MAX_DEPTH = 3
+    await runner.open("root-1", _meta={META: 2})
+    first = await runner.start(lease="L1")
+    assert first["depth"] == 3
+    await runner.finish("root-1")
+    # The parent's level is now the cap: the lease alone (no runId) may not spawn either.
+    settings.DELEGATION_MAX_DEPTH = 2
+    before = await state()
+    error = await runner.error("child.start", runner.start_params(None, "via-lease", lease="L1"))
+    assert error["code"] == -32010, error
+    assert error["message"] == refusal(2, 2)
+    after = await state()
+    assert after["counts"]["Run"] == before["counts"]["Run"]
+    assert after["counts"]["Session"] == before["counts"]["Session"]
+    assert after["counts"]["Command"] == before["counts"]["Command"]
+    assert after["counts"]["Event"] == before["counts"]["Event"] + 1
+    refused = await adb(
+        lambda: list(
+            Event.objects.filter(run__run_id="root-1", kind="delegation-refused").values_list(
+                "text", flat=True
+            )
+        )
+    )()
+    assert refused == [refusal(2, 2)]
+    # One level up the same lease-only start is admitted: the cap, not the path, refused it.
+    settings.DELEGATION_MAX_DEPTH = 3
+    admitted = await runner.start(None, "via-lease", lease="L1")
+    assert admitted["depth"] == 3 and admitted["parentRunId"] == "root-1"

@@ -2,23 +2,34 @@
 consumer, always get a JSON-RPC error with a SPEC code or a valid result, and a refused frame
 never changes state a later read could observe.
 
-Each property drives one real runner socket (a WebsocketCommunicator on its own event loop,
+Each property drives a real runner socket (a WebsocketCommunicator on its own event loop,
 so hypothesis can call a plain function per example). After every fuzzed frame a sentinel
 request follows on the same socket: its answer proves the consumer is alive and marks the end
 of whatever the fuzzed frame produced.
+
+Every example starts from the same state: when an example changed what a later read could
+observe (or the socket closed), the runner's tables are emptied and the tree built again on
+a new socket. The ids the server makes up (child runs and sessions) appear in the generated
+frames as placeholders, filled in as the frame is sent, so an example means the same thing
+on a rebuilt tree and reproduces alone (``HYPOTHESIS_PROFILE=ci`` prints its blob).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import itertools
 import json
 
 import pytest
+from django.apps import apps
+from django.core.management.color import no_style
+from django.db import connection
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from delegation.services import tokens
 from tests.conftest import RpcClient, communicator, observable_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -105,14 +116,48 @@ json_values = st.recursive(
 )
 
 
+# Placeholders for the server-made ids of the tree, in generated frames.
+CHILD = {"runId": "@child-run@", "conversationId": "@child-conv@"}
+LEASED = {"runId": "@leased-run@", "conversationId": "@leased-conv@"}
+
+
 class FuzzSocket:
     """One registered runner with a tree to aim at: a root run, a child, a leased child."""
 
-    def __init__(self, token: str):
+    def __init__(self):
         self.loop = asyncio.new_event_loop()
         self.sentinels = itertools.count(1)
+        self.rebuilds = 0
+        self._build()
+
+    def _build(self):
+        _runner, token = tokens.create_runner("runner-a")
         self.client: RpcClient = self.run(self._connect(token))
         self.child, self.leased = self.run(self._populate())
+        self.ids = {
+            CHILD["runId"]: self.child["runId"],
+            CHILD["conversationId"]: self.child["conversationId"],
+            LEASED["runId"]: self.leased["runId"],
+            LEASED["conversationId"]: self.leased["conversationId"],
+        }
+        self.baseline = observable_state()
+
+    def fresh(self):
+        """The built tree, as it was after building it: rebuilt if an example changed it."""
+        if not self.client.ws.future.done() and observable_state() == self.baseline:
+            return
+        self.rebuilds += 1
+        self._close_client()
+        tables = [model._meta.db_table for model in apps.get_app_config("delegation").get_models()]
+        connection.ops.execute_sql_flush(
+            connection.ops.sql_flush(no_style(), tables, allow_cascade=True)
+        )
+        self._build()
+
+    def resolve(self, text: str) -> str:
+        for placeholder, value in self.ids.items():
+            text = text.replace(placeholder, value)
+        return text
 
     def run(self, coroutine):
         return self.loop.run_until_complete(coroutine)
@@ -138,7 +183,7 @@ class FuzzSocket:
 
     def identifiers(self) -> list:
         """Values that mean something on this runner, to swap into valid frames."""
-        child, leased = self.child, self.leased
+        child, leased = CHILD, LEASED
         return [
             "root-1",
             "deep",
@@ -165,7 +210,7 @@ class FuzzSocket:
         ]
 
     def templates(self) -> list[dict]:
-        c, child, leased = self.client, self.child, self.leased
+        c, child, leased = self.client, CHILD, LEASED
         return [
             {"method": "run.open", "params": {"conversationId": "conv-new", "runId": "run-new"}},
             {
@@ -220,7 +265,7 @@ class FuzzSocket:
         sentinel = f"sentinel-{next(self.sentinels)}"
 
         async def go():
-            await send(self.client.ws)
+            await send(self.client.ws, self.resolve)
             await self.client.send_raw(
                 json.dumps({"jsonrpc": "2.0", "id": sentinel, "method": "fuzz.ping"})
             )
@@ -242,9 +287,14 @@ class FuzzSocket:
 
         return self.run(go())
 
+    def _close_client(self):
+        # A socket the server closed has a finished application: nothing left to close.
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            self.run(self.client.close())
+
     def close(self):
         try:
-            self.run(self.client.close())
+            self._close_client()
         finally:
             pending = asyncio.all_tasks(self.loop)
             for task in pending:
@@ -255,14 +305,15 @@ class FuzzSocket:
 
 
 @pytest.fixture
-def fuzz(runner_token):
-    socket = FuzzSocket(runner_token)
+def fuzz(transactional_db):
+    socket = FuzzSocket()
     yield socket
     socket.close()
 
 
 def check_exchange(fuzz: FuzzSocket, send, rpc_id=..., is_notification=False, late=False):
     """The shared property: a SPEC answer, a live consumer, and no change when refused."""
+    fuzz.fresh()
     before = observable_state()
     frames, sentinel = fuzz.exchange(send, late_id=rpc_id if late else None)
     # The consumer survived and still answers in order.
@@ -295,8 +346,8 @@ def check_exchange(fuzz: FuzzSocket, send, rpc_id=..., is_notification=False, la
 
 
 def _text_sender(text: str):
-    async def send(ws):
-        await ws.send_to(text_data=text)
+    async def send(ws, resolve):
+        await ws.send_to(text_data=resolve(text))
 
     return send
 
@@ -326,7 +377,7 @@ def test_it_survives_random_binary_frames(fuzz):
     @settings(FUZZ_SETTINGS, max_examples=30)
     @given(st.binary(min_size=1, max_size=100))
     def prop(data):
-        async def send(ws):
+        async def send(ws, resolve):
             await ws.send_to(bytes_data=data)
 
         check_exchange(fuzz, send)
@@ -466,6 +517,7 @@ def test_it_never_stores_an_unknown_field_anywhere_in_a_child_start(fuzz):
             return
         target[key] = value
         frame = {"jsonrpc": "2.0", "id": 42, "method": "child.start", "params": params}
+        fuzz.fresh()
         before = observable_state()
         frames, _ = fuzz.exchange(_text_sender(json.dumps(frame)))
         assert len(frames) == 1 and frames[0]["error"]["code"] == -32602, frames

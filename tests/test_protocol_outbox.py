@@ -1,11 +1,11 @@
 """SPEC §5 server-to-runner commands (stored before sent, resent after a re-register until
 answered) and runner loss after the grace period."""
 
-import asyncio
 import json
 from datetime import timedelta
 
 import pytest
+from django.db.models import F
 from django.utils import timezone
 
 from delegation.models import Command, Lease, Run, Runner
@@ -165,12 +165,30 @@ async def test_it_ignores_an_answer_from_a_fenced_connection(runner_token, make_
     second.answer_commands = False
     again = await second.wait_command("child.execute")
     assert again["id"] == sent["id"]
-    # The fenced socket's late answer does not count.
-    try:
-        await first.send_raw(json.dumps({"jsonrpc": "2.0", "id": sent["id"], "result": {}}))
-    except Exception:
-        pass
-    await asyncio.sleep(0.2)
+    assert await first.closed_with() == 4409
+    # The fenced socket's late answer (sent before the client saw the close) does not count.
+    await first.send_raw(json.dumps({"jsonrpc": "2.0", "id": sent["id"], "result": {}}))
+    # Frames are handled in order: once the sentinel is answered, the answer was handled.
+    sentinel = await first.error("run.open", {"conversationId": "c-late", "runId": "late"})
+    assert sentinel["code"] == -32002
+    command = await _command("child.execute")
+    assert command.answered_at is None
+
+
+async def test_it_ignores_an_answer_from_a_connection_fenced_only_in_the_database(
+    runner_token, make_client
+):
+    """A newer connection registered, but its fencing message has not reached this socket
+    yet: the socket is still open and its answer reaches the server, which must refuse it."""
+    first = await make_client(runner_token)
+    first.answer_commands = False
+    await first.open("root-1")
+    await first.start()
+    sent = await first.wait_command("child.execute")
+    await adb(Runner.objects.update)(connection_generation=F("connection_generation") + 1)
+    await first.send_raw(json.dumps({"jsonrpc": "2.0", "id": sent["id"], "result": {}}))
+    sentinel = await first.error("run.open", {"conversationId": "c-late", "runId": "late"})
+    assert sentinel["code"] == -32002, sentinel
     command = await _command("child.execute")
     assert command.answered_at is None
 
@@ -219,8 +237,8 @@ async def test_it_marks_runs_lost_after_the_grace_period(runner_token, make_clie
 async def test_it_uses_the_runner_grace_seconds_setting(runner_token, make_client, settings):
     settings.RUNNER_GRACE_SECONDS = 0.2
     await _disconnected_runner_with_work(runner_token, make_client)
-    await asyncio.sleep(0.3)
-    report = await adb(sweep.sweep)()
+    # A sweep a second later, rather than sleeping past the grace period.
+    report = await adb(sweep.sweep)(timezone.now() + timedelta(seconds=1))
     assert report.lost_runners == ["runner-a"]
     assert await adb(Run.objects.filter(error="runner lost").count)() == 3
 
@@ -230,8 +248,7 @@ async def test_it_keeps_runs_of_a_runner_that_re_registers_in_time(
 ):
     settings.RUNNER_GRACE_SECONDS = 0.2
     fg, _bg = await _disconnected_runner_with_work(runner_token, make_client)
-    back = await make_client(runner_token)
-    await asyncio.sleep(0.3)
+    back = await make_client(runner_token)  # registered once this returns
     report = await adb(sweep.sweep)(timezone.now() + timedelta(seconds=60))
     assert report.lost_runners == []
     read = await back.read(fg)

@@ -276,13 +276,13 @@ async def test_it_runs_command_children_with_depth_steer_cancel_and_exit_status(
         pid = int(first_text(events, "pid=").split()[0].removeprefix("pid="))
         cancel_sent = time.monotonic()
         await c.child_cancel("root-run", ext, gen, stubborn.child_id)
-        await asyncio.sleep(0.3)
-        assert pid_alive(pid)  # SIGTERM ignored, still inside its 0.5 s grace
-        result, _ = await read_until(
+        result, events = await read_until(
             c, "root-run", ext, gen, stubborn.child_id, lambda r, ev: r.done
         )
+        # It got SIGTERM and lived on to say so; only the SIGKILL after the grace ended it.
+        assert any(e.kind == "text" and e.text == "ignored SIGTERM" for e in events), events
         assert result.cancelled and not pid_alive(pid)
-        assert time.monotonic() - cancel_sent >= 0.5
+        assert time.monotonic() - cancel_sent >= 0.5  # a lower bound: load cannot break it
 
         # A non-zero exit becomes the run's error; stderr lines are error events.
         failing = await start("fail")
@@ -308,8 +308,9 @@ async def test_it_runs_command_children_with_depth_steer_cancel_and_exit_status(
 
 
 async def test_it_reconnects_after_a_server_restart_and_stores_every_event_once_in_order(
-    daphne_server,
+    daphne_factory,
 ):
+    daphne_server = daphne_factory()  # its own: this test restarts it
     token = await new_token("restart-a")
     total = 240
     client = RunnerClient(
@@ -525,10 +526,11 @@ async def test_it_steers_and_cancels_a_long_running_scripted_child(daphne_server
         cancel_sent = time.monotonic()
         await c.child_cancel(root.run_id, ext, gen, second)
         result, _ = await read_until(
-            c, root.run_id, ext, gen, second, lambda r, ev: r.done, timeout=5
+            c, root.run_id, ext, gen, second, lambda r, ev: r.done, timeout=30
         )
         assert result.cancelled and result.status == "cancelled"
-        assert time.monotonic() - cancel_sent < 3  # the runner reacts at once; slack for load
+        # The runner reacts at once, not when the 60 s child would end; wide for a loaded machine.
+        assert time.monotonic() - cancel_sent < 30
 
         # Cancelling the root locally finishes it cancelled; the server then cancels its
         # still-running child, which the runner confirms.

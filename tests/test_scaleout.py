@@ -41,11 +41,8 @@ def scale_out_backends() -> bool:
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not scale_out_backends(),
-        reason="several server processes need PostgreSQL and Redis: set DATABASE_URL="
-        "postgres://... and REDIS_URL (the second pass of .ci/run does)",
-    ),
+    # Several server processes need PostgreSQL and Redis.
+    pytest.mark.postgres(redis=True),
 ]
 
 # Far beyond every bound below: only the doorbell can deliver in time.

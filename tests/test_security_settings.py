@@ -13,6 +13,8 @@ from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.test import Client
 
+from tests.personas import PASSWORD
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -83,25 +85,20 @@ def test_it_refuses_a_weak_operator_password_and_takes_a_strong_one():
 
 
 @pytest.mark.django_db
-def test_it_locks_out_a_username_from_an_address_after_repeated_failed_sign_ins(settings):
-    User.objects.create_user("lou", password="right-password-42")
-    User.objects.create_user("kim", password="right-password-42")
+def test_it_locks_out_a_username_from_an_address_after_repeated_failed_sign_ins(
+    settings, viewer, operator
+):
+    lou, kim = viewer.username, operator.username
     guesser = Client(REMOTE_ADDR="10.0.0.9")
     for n in range(settings.AXES_FAILURE_LIMIT - 1):
-        wrong = guesser.post("/login/", {"username": "lou", "password": f"guess-{n}"})
+        wrong = guesser.post("/login/", {"username": lou, "password": f"guess-{n}"})
         assert wrong.status_code == 200  # the form again, with an error
     # The failure that reaches the limit is already refused, and so is the right password.
-    assert guesser.post("/login/", {"username": "lou", "password": "last"}).status_code == 429
-    locked = guesser.post("/login/", {"username": "lou", "password": "right-password-42"})
+    assert guesser.post("/login/", {"username": lou, "password": "last"}).status_code == 429
+    locked = guesser.post("/login/", {"username": lou, "password": PASSWORD})
     assert locked.status_code == 429
     assert "_auth_user_id" not in guesser.session
     # Another user from the same address, and the same user from elsewhere, still sign in.
-    assert (
-        guesser.post("/login/", {"username": "kim", "password": "right-password-42"}).status_code
-        == 302
-    )
+    assert guesser.post("/login/", {"username": kim, "password": PASSWORD}).status_code == 302
     elsewhere = Client(REMOTE_ADDR="10.0.0.10")
-    assert (
-        elsewhere.post("/login/", {"username": "lou", "password": "right-password-42"}).status_code
-        == 302
-    )
+    assert elsewhere.post("/login/", {"username": lou, "password": PASSWORD}).status_code == 302

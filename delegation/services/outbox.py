@@ -51,17 +51,18 @@ def claim_commands(conn: Connection, limit: int = 100) -> list[Command]:
 def command_answered(conn: Connection, command_pk: int, result=None, error=None) -> None:
     """A runner answered a server request: store the answer, then act on it by method."""
     with transaction.atomic(), rollups.batch():
-        runner = Runner.objects.filter(pk=conn.runner_pk).values(
-            "connection_generation", "revoked_at"
+        # Under the runner's row lock (as register takes it): a connection a newer register
+        # replaced, or a revoked runner's, is fenced even before its socket hears so; its
+        # answers change nothing and the command goes out again to the next valid connection.
+        current = (
+            Runner.objects.select_for_update()
+            .filter(
+                pk=conn.runner_pk, connection_generation=conn.generation, revoked_at__isnull=True
+            )
+            .values_list("pk", flat=True)
+            .first()
         )
-        runner = runner.first()
-        if (
-            runner is None
-            or runner["revoked_at"] is not None
-            or runner["connection_generation"] != conn.generation
-        ):
-            # A fenced or revoked connection's answers change nothing; the command stays
-            # unanswered and goes out again to the runner's next valid connection.
+        if current is None:
             return
         command = (
             Command.objects.select_for_update()

@@ -4,7 +4,7 @@
 It reports its pid, level and working directory, prints a plain line and a structured event,
 then echoes every stdin line (a steer) back as an event until told "finish". Modes (argv[1]):
 ``steerable`` (default), ``fail`` (exits 3 after a stderr line), ``stubborn`` (ignores SIGTERM,
-so only SIGKILL ends it).
+saying "ignored SIGTERM", so only SIGKILL ends it).
 """
 
 import json
@@ -19,7 +19,8 @@ def say(**event):
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "steerable"
 if mode == "stubborn":
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Says so, so a test sees SIGTERM arrive and fail to end it without timing the process.
+    signal.signal(signal.SIGTERM, lambda *_: say(kind="text", text="ignored SIGTERM"))
 say(
     kind="text",
     text=(
