@@ -3,19 +3,17 @@ with input and result side by side, thinking collapsed, and the run's usage summ
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from delegation.services import tokens
-from tests.browser import CHROMIUM, ScriptedRunner, sequences, sign_in
+from tests.browser import ScriptedRunner, needs_chromium, sequences, sign_in
 from tests.live_server import daphne_factory  # noqa: F401  (fixture)
 from tests.personas import PASSWORD
 from tests.test_browser import browser  # noqa: F401  (fixture)
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium package"),
+    needs_chromium,
     pytest.mark.timeout(180),
 ]
 

@@ -4,18 +4,16 @@ stops, with the reason on the tree, the run page and the overview."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from tests.browser import CHROMIUM, sign_in
+from tests.browser import needs_chromium, sign_in
 from tests.live_server import daphne_factory  # noqa: F401  (fixture)
 from tests.personas import PASSWORD
 from tests.test_browser import browser, runner, server, wait_status  # noqa: F401  (fixtures)
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium package"),
+    needs_chromium,
     pytest.mark.timeout(180),
 ]
 

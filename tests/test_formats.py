@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -421,35 +420,11 @@ def test_it_shows_claude_partial_messages_as_deltas_and_other_system_records():
 
 def test_it_parses_recorded_claude_code_output():
     recorded = Path(__file__).parent / "agents" / "recorded" / "claude-stream-json"
-    files = sorted(recorded.glob("*.jsonl")) if recorded.is_dir() else []
-    if not files:
-        try:
-            listing = subprocess.run(
-                ["git", "ls-tree", "-r", "--name-only", "h4-agents", "--", str(recorded)],
-                capture_output=True,
-                text=True,
-                check=True,
-                cwd=Path(__file__).parent.parent,
-            ).stdout.split()
-        except (subprocess.CalledProcessError, FileNotFoundError):
-            listing = []
-        listing = [n for n in listing if n.endswith((".jsonl", ".ndjson"))]
-        names = [Path(n).name for n in listing]
-        texts = [
-            subprocess.run(
-                ["git", "show", f"h4-agents:{name}"],
-                capture_output=True,
-                text=True,
-                check=True,
-                cwd=Path(__file__).parent.parent,
-            ).stdout
-            for name in listing
-        ]
-    else:
-        names = [f.name for f in files]
-        texts = [f.read_text() for f in files]
-    if not texts:
-        pytest.skip("no recorded Claude Code output on this branch or on h4-agents yet")
+    files = sorted(recorded.glob("*.jsonl"))
+    # The recordings ship with the tests (tests/agents/record_claude_stream.py makes them anew).
+    assert files, f"no recorded Claude Code output in {recorded}"
+    names = [f.name for f in files]
+    texts = [f.read_text() for f in files]
     by_name = dict(zip(names, texts, strict=True))
     if "tool-call.jsonl" in by_name:
         fmt = ClaudeStreamJson()

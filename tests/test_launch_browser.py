@@ -14,13 +14,13 @@ import pytest
 
 from delegation.models import AuditEntry, Budget, Run, Runner, RunVia
 from delegation.services import tokens
-from tests.browser import CHROMIUM, launch, screenshot_name, sign_in
+from tests.browser import launch, needs_chromium, screenshot_name, sign_in
 from tests.live_server import daphne_factory  # noqa: F401  (fixture)
 from tests.personas import PASSWORD
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium package"),
+    needs_chromium,
     pytest.mark.timeout(180),
 ]
 

@@ -19,15 +19,13 @@ from delegation.runner.command import CommandEngine, CommandPreset
 from delegation.runner.host import RunnerHost
 from tests import live_server
 from tests.fault_tools import assert_gap_free, make_runner, run_row, stored_events
-from tests.test_faults import ON_POSTGRES, PgFaults
+from tests.test_faults import PgFaults
 
 daphne_factory = live_server.daphne_factory
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not ON_POSTGRES,
-        reason="pg_terminate_backend needs PostgreSQL: set DATABASE_URL=postgres://...",
-    ),
+    # pg_terminate_backend needs PostgreSQL; skipped (and reported) on the SQLite pass only.
+    pytest.mark.postgres,
 ]
 
 LINES = 3000
