@@ -263,6 +263,7 @@ def run_detail(request, run_id):
         created_ms=_ms(run.created_at),
         finished_ms=_ms(run.finished_at),
         children=selectors.child_counts(run),
+        started=selectors.run_request(run),
     )
     return render(request, "run.html", context)
 

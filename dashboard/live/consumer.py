@@ -107,6 +107,7 @@ def _fingerprint(row: dict) -> tuple:
         row["refusedSpawns"],
         row["cancelRequested"],
         row["finishedAt"],
+        row["activity"],
         tuple((lease["leaseId"], lease["expiresAt"]) for lease in row["leases"]),
     )
 

@@ -202,6 +202,8 @@ class TreeRow(_Out):
     cancel_requested: bool = Field(alias="cancelRequested")
     under_lease: bool = Field(alias="underLease")
     leases: list[dict[str, Any]]
+    task: str
+    activity: str
 
 
 class TreeFrame(_Out):

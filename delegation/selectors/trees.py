@@ -24,6 +24,8 @@ TREE_ROW_FIELDS = (
     "refused_spawns",
     "cancel_requested_at",
     "lease_id",
+    "task",
+    "activity",
 )
 
 
@@ -109,6 +111,8 @@ def tree_rows(top: Run, only_pks=None) -> list[dict]:
             "cancelRequested": row["cancel_requested_at"] is not None,
             "underLease": row["lease_id"] is not None,
             "leases": leases.get(row["pk"], []),
+            "task": row["task"],
+            "activity": row["activity"],
         }
         for row in values
     ]
