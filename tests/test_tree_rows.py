@@ -89,3 +89,39 @@ async def test_it_shows_the_full_request_and_who_started_the_run(runner, viewer)
         assert "run.open by runner" in root and "No request message recorded" in root
 
     await database_sync_to_async(check)()
+
+
+async def test_it_streams_a_compact_snapshot_in_chunks_and_rows_after_it(runner, operator):
+    from dashboard.live import consumer
+
+    await runner.open("root-1")
+    kids = [
+        (await runner.start(request_id=f"req-{i}", message=f"task {i}"))["runId"] for i in range(5)
+    ]
+    ws = await operator_socket(operator)
+    previous, consumer.TREE_READ_CHUNK = consumer.TREE_READ_CHUNK, 2
+    try:
+        await ws.send_json_to({"type": "subscribe", "treeId": "root-1", "compact": True})
+        frames = await until(ws, lambda f: f["type"] == "treeCols" and not f["more"])
+    finally:
+        consumer.TREE_READ_CHUNK = previous
+    chunks = [f for f in frames if f["type"] == "treeCols"]
+    assert [len(f["columns"]["pk"]) for f in chunks] == [2, 2, 2]
+    run_ids = [rid for f in chunks for rid in f["columns"]["runId"]]
+    assert run_ids == ["root-1", *kids]
+    root_pk = chunks[0]["columns"]["pk"][0]
+    assert all(
+        p == root_pk for f in chunks for p in f["columns"]["parentPk"][1 if f is chunks[0] else 0 :]
+    )
+    tasks = [t for f in chunks for t in f["columns"]["task"]]
+    assert tasks == ["", "task 0", "task 1", "task 2", "task 3", "task 4"]
+    await runner.finish(kids[3], output="ok")
+    rows = await until(
+        ws,
+        lambda f: (
+            f["type"] == "rows"
+            and any(r["runId"] == kids[3] and r["status"] == "succeeded" for r in f["runs"])
+        ),
+    )
+    check_frames(frames + rows)
+    await ws.disconnect()

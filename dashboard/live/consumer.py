@@ -36,6 +36,11 @@ log = logging.getLogger(__name__)
 EVENT_PAGE = 100
 DRAIN_POLL_SECONDS = 0.05
 TREE_CHUNK = 1000
+# Rows per database read of a tree (and per "treeCols" frame: about 1 MB for 5,000 rows).
+TREE_READ_CHUNK = 5000
+# Trees above this many runs get the whole-tree diff on every sixth heartbeat only.
+BIG_TREE = 20_000
+BIG_TREE_FULL_DIFF_EVERY = 6
 MAX_FRAME_CHARS = 256 * 1024
 MAX_RUN_SUBSCRIPTIONS = 200
 MAX_TREE_SUBSCRIPTIONS = 20
@@ -98,6 +103,9 @@ class _TreeSub:
     rows: dict[int, tuple] = field(default_factory=dict)  # pk -> fingerprint sent
     ready: bool = False
     read_at: float = 0.0  # when the rows were last read (epoch seconds)
+    compact: bool = False  # the snapshot goes as column arrays ("treeCols" frames)
+    ids: dict[int, str] = field(default_factory=dict)  # pk -> runId, to name parents
+    beats: int = 0
 
 
 def _fingerprint(row: dict) -> tuple:
@@ -247,13 +255,61 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self._hold(notify.tree_group(root_pk))
         await self._send({"type": "subscribed", "treeId": run.run_id})
         sub.read_at = time.time()
-        rows = await database_sync_to_async(selectors.tree_rows_changed)(run.pk)
-        for start in range(0, max(len(rows), 1), TREE_CHUNK):
-            chunk = rows[start : start + TREE_CHUNK]
-            more = start + TREE_CHUNK < len(rows)
-            await self._send({"type": "tree", "treeId": run.run_id, "runs": chunk, "more": more})
-        sub.rows = {row["pk"]: _fingerprint(row) for row in rows}
+        sub.compact = frame.compact
+        sub.rows = {}
+        sub.ids = {}
+        if run.parent_id:
+            sub.ids[run.parent_id] = await database_sync_to_async(selectors.run_id_of)(
+                run.parent_id
+            )
+        await self._stream_tree(sub, first=True)
         sub.ready = True
+
+    async def _stream_tree(self, sub: _TreeSub, first: bool):
+        """Read the subtree a chunk at a time and either send it whole (the snapshot) or send
+        the rows whose fingerprint changed (the full diff on a heartbeat)."""
+        leases = await database_sync_to_async(selectors.tree_leases)(sub.root_pk)
+        after, keep, changed, sent_any = None, None, [], False
+        read = database_sync_to_async(selectors.tree_chunk)
+        while True:
+            columns, after, keep = await read(sub.top_pk, after, TREE_READ_CHUNK, keep)
+            if columns is None:
+                break
+            rows = selectors.column_rows(columns, leases, sub.ids)
+            if first:
+                for row in rows:
+                    sub.rows[row["pk"]] = _fingerprint(row)
+                more = after is not None
+                if sub.compact:
+                    frame = {"type": "treeCols", "treeId": sub.run_id, "columns": columns}
+                    frame["leases"] = {str(pk): leases[pk] for pk in columns["pk"] if pk in leases}
+                    frame["more"] = more
+                    await self._send(frame)
+                else:
+                    for start in range(0, max(len(rows), 1), TREE_CHUNK):
+                        await self._send(
+                            {
+                                "type": "tree",
+                                "treeId": sub.run_id,
+                                "runs": rows[start : start + TREE_CHUNK],
+                                "more": more or start + TREE_CHUNK < len(rows),
+                            }
+                        )
+                sent_any = True
+            else:
+                for row in rows:
+                    fingerprint = _fingerprint(row)
+                    if sub.rows.get(row["pk"]) != fingerprint:
+                        sub.rows[row["pk"]] = fingerprint
+                        changed.append(row)
+            if after is None:
+                break
+        if first and not sent_any:
+            await self._send({"type": "tree", "treeId": sub.run_id, "runs": [], "more": False})
+        for start in range(0, len(changed), TREE_CHUNK):
+            await self._send(
+                {"type": "rows", "treeId": sub.run_id, "runs": changed[start : start + TREE_CHUNK]}
+            )
 
     async def _subscribe_roots(self, frame: SubscribeRoots):
         found = await database_sync_to_async(selectors.root_pks_by_run_id)(frame.roots)
@@ -397,7 +453,13 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self._catch_up_run(sub)
         for sub in list(self.trees.values()):
             if sub.ready:
-                await self._catch_up_tree(sub, None)
+                sub.beats += 1
+                if len(sub.rows) <= BIG_TREE or sub.beats % BIG_TREE_FULL_DIFF_EVERY == 0:
+                    await self._catch_up_tree(sub, None)
+                else:
+                    # A big tree is diffed whole less often: between full diffs, the runs
+                    # changed since the last read (by updated_at) are enough.
+                    await self._catch_up_tree(sub, set())
         if self.roots:
             await self._catch_up_roots(set(self.roots))
         if self.runners:
@@ -454,6 +516,10 @@ class LiveConsumer(AsyncWebsocketConsumer):
                 return
 
     async def _catch_up_tree(self, sub: _TreeSub, run_pks):
+        if run_pks is None:
+            sub.read_at = time.time()
+            await self._stream_tree(sub, first=False)
+            return
         since = None
         if run_pks is not None:
             since = datetime.fromtimestamp(sub.read_at - TREE_OVERLAP_SECONDS, tz=UTC)
@@ -468,6 +534,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             fingerprint = _fingerprint(row)
             if sub.rows.get(row["pk"]) != fingerprint:
                 sub.rows[row["pk"]] = fingerprint
+                sub.ids[row["pk"]] = row["runId"]
                 changed.append(row)
         for start in range(0, len(changed), TREE_CHUNK):
             await self._send(

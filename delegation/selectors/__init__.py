@@ -46,6 +46,7 @@ from delegation.selectors.runs import (
     text_matches,
 )
 from delegation.selectors.trees import (
+    column_rows,
     live_descendants,
     root_pks_by_run_id,
     root_summaries,
@@ -53,6 +54,8 @@ from delegation.selectors.trees import (
     subtree_run_ids,
     subtree_runs,
     subtree_with_counts,
+    tree_chunk,
+    tree_leases,
     tree_root_pk,
     tree_rows,
     tree_rows_changed,
@@ -109,6 +112,9 @@ __all__ = [
     "subtree_with_counts",
     "text_matches",
     "tree_root_pk",
+    "column_rows",
+    "tree_chunk",
+    "tree_leases",
     "tree_rows",
     "tree_rows_changed",
     "tree_summaries",

@@ -254,3 +254,96 @@ def subtree_run_ids(run: Run) -> dict[int, str]:
         if pk == run.pk or parent_pk in keep:
             keep[pk] = run_id
     return keep
+
+
+# --- Trees read in chunks: the live snapshot and the full diff never hold a 100k-run tree ------
+
+TREE_COLUMNS = (
+    ("pk", "pk"),
+    ("runId", "run_id"),
+    ("parentPk", "parent_id"),
+    ("depth", "depth"),
+    ("status", "status"),
+    ("profile", "profile"),
+    ("runner", "runner__name"),
+    ("createdAt", "created_at"),
+    ("finishedAt", "finished_at"),
+    ("events", "last_sequence"),
+    ("refusedSpawns", "refused_spawns"),
+    ("cancelRequested", "cancel_requested_at"),
+    ("underLease", "lease_id"),
+    ("task", "task"),
+    ("activity", "activity"),
+)
+_TIMES = {"createdAt", "finishedAt"}
+_FLAGS = {"cancelRequested", "underLease"}
+
+
+def tree_leases(root_pk: int) -> dict[int, list[dict]]:
+    """Active leases held by runs of the tree, by the holder's pk (few, even in big trees)."""
+    leases: dict[int, list[dict]] = {}
+    rows = Lease.objects.filter(
+        parent_run__in=Run.objects.in_tree(root_pk), state=LeaseState.ACTIVE
+    ).values("parent_run_id", "lease_id", "expires_at")
+    for lease in rows:
+        leases.setdefault(lease["parent_run_id"], []).append(
+            {"leaseId": lease["lease_id"], "expiresAt": millis(lease["expires_at"])}
+        )
+    return leases
+
+
+def tree_chunk(top_pk: int, after=None, limit: int = 5000, keep=None):
+    """One chunk of the subtree under ``top_pk`` as column arrays, parents before children.
+
+    Keyset-paged on (depth, pk) through the (root, depth) index, so the whole snapshot is
+    read a chunk at a time. ``after`` is the (depth, pk) of the last row read; ``keep`` the
+    pks of the branch seen so far (only for a subtree below the root: rows of other branches
+    are dropped). Returns ``(columns, last, keep)``; ``last`` is None when nothing is left.
+    """
+    top = Run.objects.filter(pk=top_pk).values("pk", "root_id", "depth").first()
+    if top is None:
+        return None, None, keep
+    whole = top["root_id"] is None
+    runs = Run.objects.in_tree(top["root_id"] or top["pk"])
+    if not whole:
+        runs = runs.filter(depth__gte=top["depth"])
+        if keep is None:
+            keep = {top["pk"]}
+    if after is not None:
+        depth, pk = after
+        runs = runs.filter(Q(depth__gt=depth) | Q(depth=depth, pk__gt=pk))
+    fields = [field for _name, field in TREE_COLUMNS]
+    # One row past the chunk says whether another chunk follows, without an empty last one.
+    rows = list(runs.order_by("depth", "pk").values_list(*fields)[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    columns = {name: [] for name, _field in TREE_COLUMNS}
+    names = [name for name, _field in TREE_COLUMNS]
+    for row in rows:
+        if keep is not None:
+            if row[0] != top["pk"] and row[2] not in keep:
+                continue
+            keep.add(row[0])
+        for name, value in zip(names, row, strict=True):
+            if name in _TIMES:
+                value = millis(value)
+            elif name in _FLAGS:
+                value = value is not None
+            columns[name].append(value)
+    last = (rows[-1][3], rows[-1][0]) if more else None
+    return columns, last, keep
+
+
+def column_rows(columns: dict, leases: dict, ids: dict) -> list[dict]:
+    """A chunk's columns as the row objects of ``tree_rows``; ``ids`` maps pk to runId and
+    must already hold every parent (chunks come parents first)."""
+    out = []
+    names = list(columns)
+    for values in zip(*(columns[name] for name in names), strict=True):
+        row = dict(zip(names, values, strict=True))
+        ids[row["pk"]] = row["runId"]
+        parent = row["parentPk"]
+        row["parentRunId"] = ids.get(parent, "") if parent else ""
+        row["leases"] = leases.get(row["pk"], [])
+        out.append(row)
+    return out
