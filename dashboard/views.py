@@ -208,6 +208,7 @@ def tree(request, run_id):
         counts=[(s, summary["counts"].get(s, 0)) for s in STATUS_ORDER if summary["counts"].get(s)],
         focus=request.GET.get("focus", ""),
         created_ms=_ms(run.created_at),
+        statuses=STATUS_ORDER,
     )
     return render(request, "tree.html", context)
 

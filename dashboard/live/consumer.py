@@ -38,6 +38,7 @@ DRAIN_POLL_SECONDS = 0.05
 TREE_CHUNK = 1000
 # Rows per database read of a tree (and per "treeCols" frame: about 1 MB for 5,000 rows).
 TREE_READ_CHUNK = 5000
+TREE_FIRST_CHUNK = 500
 # Trees above this many runs get the whole-tree diff on every sixth heartbeat only.
 BIG_TREE = 20_000
 BIG_TREE_FULL_DIFF_EVERY = 6
@@ -272,7 +273,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
         after, keep, changed, sent_any = None, None, [], False
         read = database_sync_to_async(selectors.tree_chunk)
         while True:
-            columns, after, keep = await read(sub.top_pk, after, TREE_READ_CHUNK, keep)
+            # A small first chunk puts the top of the tree on screen sooner.
+            size = TREE_FIRST_CHUNK if first and after is None else TREE_READ_CHUNK
+            columns, after, keep = await read(sub.top_pk, after, size, keep)
             if columns is None:
                 break
             rows = selectors.column_rows(columns, leases, sub.ids)

@@ -52,6 +52,11 @@ export class TreeView extends EventTarget {
   load(rows, { first, more }) {
     if (first && this.loaded) this.reset();
     this.upsert(rows, { quiet: !this.loaded });
+    // The snapshot comes parents first: paint what is there while the rest streams in.
+    if (!this.loaded) {
+      this.painting = true;
+      this.schedule();
+    }
     if (!more && !this.loaded) {
       this.loaded = true;
       if (this.focusId && this.rows.has(this.focusId)) this.reveal(this.focusId);
@@ -254,7 +259,7 @@ export class TreeView extends EventTarget {
   }
 
   render() {
-    if (!this.loaded) return;
+    if (!this.loaded && !this.painting) return;
     const loading = this.body.querySelector(".tree-loading");
     if (loading) loading.remove();
     if (this.structureDirty) this.rebuild();
@@ -292,7 +297,7 @@ export class TreeView extends EventTarget {
     }
     this.fresh.clear();
     const target = this.focusId || this.topId;
-    if (!this.selected && this.rows.has(target)) {
+    if (!this.selected && this.rows.has(target) && (this.loaded || !this.focusId)) {
       this.selected = target;
       if (this.focusId && this.index.has(target)) this.jumpTo(target);
       else this.select(target, false);
