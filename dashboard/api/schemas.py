@@ -212,6 +212,8 @@ class RunItem(Schema):
     createdAt: datetime
     updatedAt: datetime
     finishedAt: datetime | None
+    task: str = Field(description='First line of the request message ("" if none)')
+    activity: str = Field(description="Its latest text or tool call, as the tree shows it")
 
 
 class RunPage(Schema):

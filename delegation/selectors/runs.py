@@ -174,7 +174,18 @@ def _run_row_fields():
     }
 
 
-_RUN_ROW_COLUMNS = ("pk", "depth", "status", "done", "cancelled", "profile", "error", "parent_id")
+_RUN_ROW_COLUMNS = (
+    "pk",
+    "depth",
+    "status",
+    "done",
+    "cancelled",
+    "profile",
+    "error",
+    "parent_id",
+    "task",
+    "activity",
+)
 
 
 def subtree_row_values(runs):

@@ -387,3 +387,43 @@ def column_rows(columns: dict, leases: dict, ids: dict) -> list[dict]:
         row["leases"] = leases.get(row["pk"], [])
         out.append(row)
     return out
+
+
+def subtree_skeleton(run: Run, levels: int | None = None):
+    """The shape of ``run``'s subtree without its rows: children of every node (in creation
+    order) down to ``levels`` below it, and child counts by status of every node (including
+    nodes on the depth boundary). Two ints and a status per run, read a batch at a time in
+    (depth, pk) order, which the (root, depth) index gives without sorting."""
+    root_pk = tree_root_pk(run)
+    below = Run.objects.filter(root_id=root_pk, depth__gt=run.depth)
+    if levels is not None:
+        below = below.filter(depth__lte=run.depth + levels + 1)
+    boundary = None if levels is None else run.depth + levels
+    children: dict[int, list[int]] = {}
+    counts: dict[int, dict[str, int]] = {}
+    keep = {run.pk}
+    rows = below.order_by("depth", "pk").values_list("pk", "parent_id", "status", "depth")
+    for pk, parent_pk, status, depth in rows.iterator(chunk_size=10_000):
+        if parent_pk not in keep:
+            continue
+        by_status = counts.setdefault(parent_pk, {})
+        by_status[status] = by_status.get(status, 0) + 1
+        if boundary is None or depth <= boundary:
+            keep.add(pk)
+            children.setdefault(parent_pk, []).append(pk)
+    return children, counts
+
+
+def preorder(top_pk: int, children: dict[int, list[int]]):
+    """``(pk, number of children)`` of every node, depth first, parents before children."""
+    stack = [top_pk]
+    while stack:
+        pk = stack.pop()
+        kids = children.get(pk, ())
+        yield pk, len(kids)
+        stack.extend(reversed(kids))
+
+
+def subtree_rows_by_pk(pks) -> dict[int, dict]:
+    """Full subtree rows (as ``subtree_with_counts``) for one batch of pks."""
+    return {row["pk"]: row for row in subtree_row_values(Run.objects.filter(pk__in=list(pks)))}
