@@ -12,13 +12,13 @@ import time
 import pytest
 from django.utils import timezone
 
+from bench.tree_seed import seed_tree
 from delegation import notify
 from delegation.models import Run, Runner
 from tests.browser import CHROMIUM, sign_in
 from tests.live_server import daphne_factory  # noqa: F401  (fixture)
 from tests.personas import PASSWORD
 from tests.test_browser import browser, runner, server  # noqa: F401  (fixtures)
-from tests.tree_seed import seed_tree
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

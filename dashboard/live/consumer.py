@@ -39,9 +39,10 @@ TREE_CHUNK = 1000
 # Rows per database read of a tree (and per "treeCols" frame: about 1 MB for 5,000 rows).
 TREE_READ_CHUNK = 5000
 TREE_FIRST_CHUNK = 500
-# Trees above this many runs get the whole-tree diff on every sixth heartbeat only.
+# Trees above this many runs get the whole-tree diff (seconds of work at 100k runs) once a
+# minute; the heartbeats between read the runs changed since the last read.
 BIG_TREE = 20_000
-BIG_TREE_FULL_DIFF_EVERY = 6
+BIG_TREE_FULL_DIFF_SECONDS = 60.0
 MAX_FRAME_CHARS = 256 * 1024
 MAX_RUN_SUBSCRIPTIONS = 200
 MAX_TREE_SUBSCRIPTIONS = 20
@@ -106,7 +107,7 @@ class _TreeSub:
     read_at: float = 0.0  # when the rows were last read (epoch seconds)
     compact: bool = False  # the snapshot goes as column arrays ("treeCols" frames)
     ids: dict[int, str] = field(default_factory=dict)  # pk -> runId, to name parents
-    beats: int = 0
+    full_at: float = field(default_factory=time.time)  # the last whole-tree diff
 
 
 def _fingerprint(row: dict) -> tuple:
@@ -456,8 +457,11 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self._catch_up_run(sub)
         for sub in list(self.trees.values()):
             if sub.ready:
-                sub.beats += 1
-                if len(sub.rows) <= BIG_TREE or sub.beats % BIG_TREE_FULL_DIFF_EVERY == 0:
+                if (
+                    len(sub.rows) <= BIG_TREE
+                    or time.time() - sub.full_at > BIG_TREE_FULL_DIFF_SECONDS
+                ):
+                    sub.full_at = time.time()
                     await self._catch_up_tree(sub, None)
                 else:
                     # A big tree is diffed whole less often: between full diffs, the runs
