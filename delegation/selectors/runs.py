@@ -158,6 +158,10 @@ def runs_matching(
 
 
 def _run_row_fields():
+    return run_row_fields()
+
+
+def run_row_fields():
     return {
         "runId": F("run_id"),
         "conversationId": F("session__conversation_id"),
@@ -174,7 +178,7 @@ def _run_row_fields():
     }
 
 
-_RUN_ROW_COLUMNS = (
+RUN_ROW_COLUMNS = _RUN_ROW_COLUMNS = (
     "pk",
     "depth",
     "status",
