@@ -21,7 +21,7 @@ import django  # noqa: E402
 
 django.setup()
 
-from django.db import connection, transaction  # noqa: E402
+from django.db import OperationalError, connection, transaction  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
@@ -225,10 +225,14 @@ def churn(root: str, per_second: int, seconds: float) -> dict:
         due = int((time.perf_counter() - started) * per_second)
         while done < due:
             pk = pks[(done * 7919) % len(pks)]
-            Run.objects.filter(pk=pk).update(
-                status=RunStatus.FAILED if done % 2 else RunStatus.SUCCEEDED,
-                updated_at=timezone.now(),
-            )
+            try:
+                Run.objects.filter(pk=pk).update(
+                    status=RunStatus.FAILED if done % 2 else RunStatus.SUCCEEDED,
+                    updated_at=timezone.now(),
+                )
+            except OperationalError:  # SQLite: the server's sweep holds the write lock
+                time.sleep(0.01)
+                continue
             done += 1
         time.sleep(0.005)
     return {"changed": done, "seconds": time.perf_counter() - started}

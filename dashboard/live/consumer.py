@@ -66,6 +66,10 @@ _inflight: dict[tuple, asyncio.Future] = {}
 _read_delta = database_sync_to_async(_run_delta, thread_sensitive=False)
 
 
+def _read_off_thread(function):
+    return database_sync_to_async(function, thread_sensitive=False)
+
+
 def _note_head(run_pk, sequence) -> None:
     if isinstance(run_pk, int) and isinstance(sequence, int):
         if sequence > _heads.get(run_pk, 0):
@@ -270,41 +274,29 @@ class LiveConsumer(AsyncWebsocketConsumer):
     async def _stream_tree(self, sub: _TreeSub, first: bool):
         """Read the subtree a chunk at a time and either send it whole (the snapshot) or send
         the rows whose fingerprint changed (the full diff on a heartbeat)."""
-        leases = await database_sync_to_async(selectors.tree_leases)(sub.root_pk)
+        # Off the shared sync thread: a 100k-run snapshot is seconds of reads, and other
+        # sockets' handshakes and the pages' views must not queue behind it.
+        leases = await _read_off_thread(selectors.tree_leases)(sub.root_pk)
         after, keep, changed, sent_any = None, None, [], False
-        read = database_sync_to_async(selectors.tree_chunk)
+        # Reading, fingerprinting and encoding a chunk all happen in that thread too: done on
+        # the event loop they held up every other socket of the process for seconds.
+        read = _read_off_thread(_tree_chunk_prepared)
         while True:
             # A small first chunk puts the top of the tree on screen sooner.
             size = TREE_FIRST_CHUNK if first and after is None else TREE_READ_CHUNK
-            columns, after, keep = await read(sub.top_pk, after, size, keep)
-            if columns is None:
+            chunk = await read(sub, after, size, keep, leases, first)
+            if chunk is None:
                 break
-            rows = selectors.column_rows(columns, leases, sub.ids)
+            after, keep, fingerprints, texts, rows = chunk
             if first:
-                for row in rows:
-                    sub.rows[row["pk"]] = _fingerprint(row)
-                more = after is not None
-                if sub.compact:
-                    frame = {"type": "treeCols", "treeId": sub.run_id, "columns": columns}
-                    frame["leases"] = {str(pk): leases[pk] for pk in columns["pk"] if pk in leases}
-                    frame["more"] = more
-                    await self._send(frame)
-                else:
-                    for start in range(0, max(len(rows), 1), TREE_CHUNK):
-                        await self._send(
-                            {
-                                "type": "tree",
-                                "treeId": sub.run_id,
-                                "runs": rows[start : start + TREE_CHUNK],
-                                "more": more or start + TREE_CHUNK < len(rows),
-                            }
-                        )
+                sub.rows.update(fingerprints)
+                for text in texts:
+                    await self._send_patiently(text)
                 sent_any = True
             else:
                 for row in rows:
-                    fingerprint = _fingerprint(row)
-                    if sub.rows.get(row["pk"]) != fingerprint:
-                        sub.rows[row["pk"]] = fingerprint
+                    if sub.rows.get(row["pk"]) != fingerprints[row["pk"]]:
+                        sub.rows[row["pk"]] = fingerprints[row["pk"]]
                         changed.append(row)
             if after is None:
                 break
@@ -594,7 +586,21 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if self.backlogged:
             self.backlogged = False
             self._forget_what_was_sent()
-        await self.send(text_data=dumps(frame))
+        await self.send(text_data=frame if isinstance(frame, str) else dumps(frame))
+
+    async def _send_patiently(self, frame):
+        """Send a frame of a tree snapshot once the client has taken half of its backlog.
+
+        A snapshot is bounded (it ends), so it waits for a slow client rather than pausing
+        like the live stream: a paused snapshot would be abandoned half-sent, and the client
+        would hold half a tree until it resubscribed.
+        """
+        while True:
+            backlog = _unsent_bytes(self.base_send)
+            if backlog is None or backlog <= settings.LIVE_MAX_BACKLOG_BYTES // 2:
+                break
+            await asyncio.sleep(DRAIN_POLL_SECONDS)
+        await self._send(frame)
 
     def _forget_what_was_sent(self):
         """After a pause, resend state snapshots: some were dropped mid-way."""
@@ -608,6 +614,33 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def _error(self, field_name: str, message: str, code: str = "invalid"):
         await self._send({"type": "error", "code": code, "field": field_name, "message": message})
+
+
+def _tree_chunk_prepared(sub: _TreeSub, after, size: int, keep, leases: dict, first: bool):
+    """One chunk of a tree read, fingerprinted and (for a snapshot) encoded, off the loop."""
+    columns, after, keep = selectors.tree_chunk(sub.top_pk, after, size, keep)
+    if columns is None:
+        return None
+    rows = selectors.column_rows(columns, leases, sub.ids)
+    fingerprints = {row["pk"]: _fingerprint(row) for row in rows}
+    texts = []
+    if first:
+        more = after is not None
+        if sub.compact:
+            frame = {"type": "treeCols", "treeId": sub.run_id, "columns": columns}
+            frame["leases"] = {str(pk): leases[pk] for pk in columns["pk"] if pk in leases}
+            frame["more"] = more
+            texts.append(dumps(frame))
+        else:
+            for start in range(0, max(len(rows), 1), TREE_CHUNK):
+                frame = {
+                    "type": "tree",
+                    "treeId": sub.run_id,
+                    "runs": rows[start : start + TREE_CHUNK],
+                    "more": more or start + TREE_CHUNK < len(rows),
+                }
+                texts.append(dumps(frame))
+    return after, keep, fingerprints, texts, rows
 
 
 def _batches(events: list[dict]):

@@ -438,7 +438,9 @@ class IsoMillis(Func):
 
     def as_sqlite(self, compiler, connection, **extra):
         return self.as_sql(
-            compiler, connection, template="strftime('%%%%Y-%%%%m-%%%%dT%%%%H:%%%%M:%%%%fZ', %(expressions)s)"
+            compiler,
+            connection,
+            template="strftime('%%%%Y-%%%%m-%%%%dT%%%%H:%%%%M:%%%%fZ', %(expressions)s)",
         )
 
     def as_postgresql(self, compiler, connection, **extra):
