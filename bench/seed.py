@@ -186,9 +186,13 @@ def subtree(run_id: str) -> dict:
 def tree_bulk(runs: int) -> dict:
     """A tree of ``runs`` runs written with bulk SQL (bench.tree_seed), plus an operator."""
     from bench.tree_seed import seed_tree
+    from delegation.models import Runner
 
     runner, _token, _conn = _registered_runner("tree-bulk")
     tree = seed_tree(runner, runs, prefix="bulk")
+    # No socket will ever hold this runner: left "connected", the server's sweep would find it
+    # silent, then lost, and mark its 33,000 running runs lost in one long write mid-bench.
+    Runner.objects.filter(pk=runner.pk).update(connected=False, disconnected_at=None)
     return {"root": tree["root"], "runs": runs, "last": tree["last"], **operator()}
 
 
@@ -227,7 +231,8 @@ def churn(root: str, per_second: int, seconds: float) -> dict:
             pk = pks[(done * 7919) % len(pks)]
             try:
                 Run.objects.filter(pk=pk).update(
-                    status=RunStatus.FAILED if done % 2 else RunStatus.SUCCEEDED,
+                    # Statuses the seed never uses: every update is a real change to a row.
+                    status=RunStatus.FAILED if done % 2 else RunStatus.CANCELLED,
                     updated_at=timezone.now(),
                 )
             except OperationalError:  # SQLite: the server's sweep holds the write lock
