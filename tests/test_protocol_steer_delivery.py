@@ -33,9 +33,7 @@ async def _answer(runner, command, result):
 
 async def _rest(path):
     def get():
-        user = User.objects.filter(username=USERNAMES["operator"]).first() or make_person(
-            "operator"
-        )
+        user = User.objects.filter(username=USERNAMES["operator"]).first() or make_person("operator")
         api = Api(user, "token")
         response = api.get(path)
         assert response.status_code == 200, response.content
