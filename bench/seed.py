@@ -21,7 +21,7 @@ import django  # noqa: E402
 
 django.setup()
 
-from django.db import connection, transaction  # noqa: E402
+from django.db import OperationalError, connection, transaction  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
@@ -183,6 +183,66 @@ def subtree(run_id: str) -> dict:
     return {"subtree_ms": statistics.median(times), "subtree_queries": len(queries)}
 
 
+def tree_bulk(runs: int) -> dict:
+    """A tree of ``runs`` runs written with bulk SQL (bench.tree_seed), plus an operator."""
+    from bench.tree_seed import seed_tree
+    from delegation.models import Runner
+
+    runner, _token, _conn = _registered_runner("tree-bulk")
+    tree = seed_tree(runner, runs, prefix="bulk")
+    # No socket will ever hold this runner: left "connected", the server's sweep would find it
+    # silent, then lost, and mark its 33,000 running runs lost in one long write mid-bench.
+    Runner.objects.filter(pk=runner.pk).update(connected=False, disconnected_at=None)
+    return {"root": tree["root"], "runs": runs, "last": tree["last"], **operator()}
+
+
+def subtree_big(run_id: str, runs: int) -> dict:
+    """The REST subtree of a big tree, read to its last byte (median of 3, in process)."""
+    from django.test import Client
+
+    from delegation.models import ApiToken
+
+    token = tokens.create_api_token(ApiToken.objects.first().user, "subtree-big")[1]
+    client = Client(headers={"authorization": f"Bearer {token}"})
+    url = f"/api/runs/{run_id}/tree"
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        response = client.get(url)
+        body = response.getvalue()
+        times.append((time.perf_counter() - started) * 1000)
+        assert response.status_code == 200, body[:300]
+    assert json.loads(body)["runId"] == run_id
+    median = statistics.median(times)
+    return {"subtree_ms_100k": median, "subtree_rows_per_s_100k": runs / (median / 1000)}
+
+
+def churn(root: str, per_second: int, seconds: float) -> dict:
+    """Change ``per_second`` runs of the tree a second (status flips, as a busy tree's
+    runs finish), committed one by one; what a live page must keep up with."""
+    from delegation.models import Run
+
+    pks = list(Run.objects.filter(root__run_id=root).values_list("pk", flat=True))
+    started = time.perf_counter()
+    done = 0
+    while time.perf_counter() - started < seconds:
+        due = int((time.perf_counter() - started) * per_second)
+        while done < due:
+            pk = pks[(done * 7919) % len(pks)]
+            try:
+                Run.objects.filter(pk=pk).update(
+                    # Statuses the seed never uses: every update is a real change to a row.
+                    status=RunStatus.FAILED if done % 2 else RunStatus.CANCELLED,
+                    updated_at=timezone.now(),
+                )
+            except OperationalError:  # SQLite: the server's sweep holds the write lock
+                time.sleep(0.01)
+                continue
+            done += 1
+        time.sleep(0.005)
+    return {"changed": done, "seconds": time.perf_counter() - started}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("step")
@@ -191,6 +251,8 @@ def main():
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--run")
+    parser.add_argument("--rate", type=int, default=200)
+    parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
     if args.step == "ceiling":
         result = ceiling(args.rows, args.batch)
@@ -202,6 +264,12 @@ def main():
         result = operator()
     elif args.step == "subtree":
         result = subtree(args.run)
+    elif args.step == "tree-bulk":
+        result = tree_bulk(args.runs)
+    elif args.step == "subtree-big":
+        result = subtree_big(args.run, args.runs)
+    elif args.step == "churn":
+        result = churn(args.run, args.rate, args.seconds)
     else:
         parser.error(f"unknown step {args.step}")
     print(json.dumps(result))

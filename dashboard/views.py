@@ -204,6 +204,7 @@ def tree(request, run_id):
         counts=[(s, summary["counts"].get(s, 0)) for s in STATUS_ORDER if summary["counts"].get(s)],
         focus=request.GET.get("focus", ""),
         created_ms=_ms(run.created_at),
+        statuses=STATUS_ORDER,
     )
     return render(request, "tree.html", context)
 
@@ -260,6 +261,7 @@ def run_detail(request, run_id):
         finished_ms=_ms(run.finished_at),
         children=selectors.child_counts(run),
         **_usage_context(run),
+        started=selectors.run_request(run),
     )
     return render(request, "run.html", context)
 

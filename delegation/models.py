@@ -182,6 +182,10 @@ class RunVia(models.TextChoices):
     LAUNCH = "launch", "Launched by an operator"
 
 
+TASK_CHARS = 200
+ACTIVITY_CHARS = 200
+
+
 class Run(models.Model):
     """One execution within a session. A resume creates a new run in the same session."""
 
@@ -223,6 +227,12 @@ class Run(models.Model):
     options = models.JSONField(default=dict, blank=True)
     context_mode = models.CharField(max_length=8, blank=True)
     cwd = models.CharField(max_length=8192, blank=True)
+    # What a tree row shows without reading the stream: the first line of the request
+    # message, and the latest text or tool call, written in the same transaction as the
+    # append so a row is current the moment the events are.
+    task = models.CharField(max_length=TASK_CHARS, blank=True)
+    activity = models.CharField(max_length=ACTIVITY_CHARS, blank=True)
+    activity_at = models.DateTimeField(null=True, blank=True)
     # The stream: last_sequence is the head; emitted counts runner events stored so far.
     last_sequence = models.PositiveBigIntegerField(default=0)
     emitted = models.PositiveBigIntegerField(default=0)

@@ -1,6 +1,7 @@
 """Reads: filters, keyset pagination, run detail, subtree, events, strict query strings."""
 # ruff: noqa: F811 - pytest fixtures are imported from tests.test_api_support
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -153,24 +154,24 @@ def test_it_shows_a_run_with_its_result_child_counts_and_lease(api, world):
 
 def test_it_nests_a_subtree_with_a_depth_limit(api, world):
     child, grand = world.child["runId"], world.grandchild["runId"]
-    tree = api.get("/api/runs/root-1/tree").json()
+    tree = json.loads(api.get("/api/runs/root-1/tree").getvalue())
     assert tree["runId"] == "root-1"
     kids = {node["runId"]: node for node in tree["children"]}
     assert set(kids) == {child, world.leased["runId"], world.finished["runId"]}
     assert [n["runId"] for n in kids[child]["children"]] == [grand]
     assert kids[child]["childrenIncluded"] is True
 
-    shallow = api.get("/api/runs/root-1/tree", {"levels": 1}).json()
+    shallow = json.loads(api.get("/api/runs/root-1/tree", {"levels": 1}).getvalue())
     shallow_kids = {node["runId"]: node for node in shallow["children"]}
     # The boundary node keeps its counts but not its children.
     assert shallow_kids[child]["children"] == []
     assert shallow_kids[child]["childrenIncluded"] is False
     assert shallow_kids[child]["childCounts"]["total"] == 1
 
-    alone = api.get("/api/runs/root-1/tree", {"levels": 0}).json()
+    alone = json.loads(api.get("/api/runs/root-1/tree", {"levels": 0}).getvalue())
     assert alone["children"] == [] and alone["childCounts"]["total"] == 3
 
-    branch = api.get(f"/api/runs/{child}/tree").json()
+    branch = json.loads(api.get(f"/api/runs/{child}/tree").getvalue())
     assert branch["runId"] == child and branch["parentRunId"] == "root-1"
     assert [n["runId"] for n in branch["children"]] == [grand]
 

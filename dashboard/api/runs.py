@@ -1,12 +1,15 @@
 """Runs: list and filter, detail, subtree, events, NDJSON export, and the run actions."""
 
+import itertools
 import json
 from typing import Annotated, Literal
 
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import F, Q
 from django.db.models.functions import Coalesce
-from django.http import Http404, HttpResponse
+from django.http import Http404, StreamingHttpResponse
 from django.utils import timezone
 from ninja import Query, Router, Schema
 from pydantic import Field
@@ -293,37 +296,68 @@ class TreeQuery(Schema):
 @strict_query(TreeQuery)
 def get_tree(request, runId: str, params: Query[TreeQuery]):  # noqa: N803
     run = find_run(runId)
-    rows, counts = selectors.subtree_with_counts(run, params.levels, params.usage)
-    boundary = run.depth + params.levels if params.levels is not None else None
+    parent_run_id = run.parent.run_id if run.parent_id else ""
+    parent_session = run.session.parent
+    top_parent = (parent_run_id, parent_session.conversation_id if parent_session else "")
     root_run_id = run.root.run_id if run.root_id else run.run_id
-    nodes = {}
-    top = None
-    for row in rows:
-        if params.usage:
-            selectors.pop_tree_usage(row)
-        pk, parent_pk = row.pop("pk"), row.pop("parent_id")
-        parent = nodes.get(parent_pk)
-        if parent is not None:
-            row["parentRunId"] = parent["runId"]
-            row["parentConversationId"] = parent["conversationId"]
-        else:  # the subtree's top: its parent lies outside the rows
-            row["parentRunId"] = run.parent.run_id if run.parent_id else ""
-            parent_session = run.session.parent
-            row["parentConversationId"] = parent_session.conversation_id if parent_session else ""
-        row["rootRunId"] = root_run_id
-        if row["leaseId"] is None:
-            row["leaseId"] = ""
-        row["childCounts"] = counts_out(counts.get(pk, {}))
-        row["childrenIncluded"] = boundary is None or row["depth"] < boundary
-        row["children"] = []
-        nodes[pk] = row
-        if pk == run.pk:
-            top = row
-        else:
-            parent["children"].append(row)
-    # Rendered here rather than validated node by node: the rows come from our own query in
-    # the TreeNode shape, and per-node validation cost four times the query on 10,000 runs.
-    return HttpResponse(json.dumps(top, cls=DjangoJSONEncoder), content_type="application/json")
+    # Streamed: the shape of the tree is read first (a few ints per run), then the rows a
+    # batch at a time in depth-first order, written out as they come; a 100k-run subtree is
+    # never held as one document. Rendered here rather than validated node by node: the rows
+    # come from our own query in the TreeNode shape.
+    chunks = _tree_json(run, params.levels, top_parent, root_run_id, params.usage)
+    if isinstance(request, ASGIRequest):
+        # Under ASGI a sync iterator would be drained whole before sending; this one is read
+        # a chunk at a time, in the thread that holds the request's database connection.
+        chunks = _in_thread(chunks)
+    return StreamingHttpResponse(chunks, content_type="application/json")
+
+
+async def _in_thread(chunks):
+    end = object()
+    step = sync_to_async(next, thread_sensitive=True)
+    while (chunk := await step(chunks, end)) is not end:
+        yield chunk
+
+
+TREE_BATCH = 2000
+
+
+def _tree_json(run, levels, top_parent, root_run_id, usage=False):
+    children, counts = selectors.subtree_skeleton(run, levels)
+    boundary = run.depth + levels if levels is not None else None
+    nodes = selectors.preorder(run.pk, children)
+    # Each open node: its (runId, conversationId) for its children, and children still due.
+    stack: list[list] = []
+    while True:
+        batch = list(itertools.islice(nodes, TREE_BATCH))
+        if not batch:
+            break
+        rows = selectors.subtree_rows_by_pk((pk for pk, _n in batch), usage)
+        out = []
+        for pk, kids in batch:
+            row = rows[pk]
+            del row["pk"], row["parent_id"]
+            if usage:
+                selectors.pop_tree_usage(row)
+            if stack:
+                row["parentRunId"], row["parentConversationId"] = stack[-1][0]
+                stack[-1][1] -= 1
+                out.append("," if stack[-1][2] else "")
+                stack[-1][2] = True
+            else:
+                row["parentRunId"], row["parentConversationId"] = top_parent
+            row["rootRunId"] = root_run_id
+            if row["leaseId"] is None:
+                row["leaseId"] = ""
+            row["childCounts"] = counts_out(counts.get(pk, {}))
+            row["childrenIncluded"] = boundary is None or row["depth"] < boundary
+            text = json.dumps(row, cls=DjangoJSONEncoder)
+            out.append(text[:-1] + ', "children": [')
+            stack.append([(row["runId"], row["conversationId"]), kids, False])
+            while stack and stack[-1][1] == 0:
+                stack.pop()
+                out.append("]}")
+        yield "".join(out)
 
 
 # --- Events ------------------------------------------------------------------------------------

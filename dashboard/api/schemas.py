@@ -364,6 +364,8 @@ class RunItem(Schema):
     finishedAt: datetime | None
     usage: Usage
     budget: BudgetOut | None = Field(description="null when the run has no budget")
+    task: str = Field(description='First line of the request message ("" if none)')
+    activity: str = Field(description="Its latest text or tool call, as the tree shows it")
 
 
 class RunPage(Schema):

@@ -42,6 +42,13 @@ log = logging.getLogger(__name__)
 EVENT_PAGE = 100
 DRAIN_POLL_SECONDS = 0.05
 TREE_CHUNK = 1000
+# Rows per database read of a tree (and per "treeCols" frame: about 1 MB for 5,000 rows).
+TREE_READ_CHUNK = 5000
+TREE_FIRST_CHUNK = 500
+# Trees above this many runs get the whole-tree diff (seconds of work at 100k runs) once a
+# minute; the heartbeats between read the runs changed since the last read.
+BIG_TREE = 20_000
+BIG_TREE_FULL_DIFF_SECONDS = 60.0
 MAX_FRAME_CHARS = 256 * 1024
 MAX_RUN_SUBSCRIPTIONS = 200
 MAX_TREE_SUBSCRIPTIONS = 20
@@ -70,6 +77,10 @@ def _run_delta(run_pk: int, after: int, limit: int):
 _heads: dict[int, int] = {}
 _inflight: dict[tuple, asyncio.Future] = {}
 _read_delta = database_sync_to_async(_run_delta, thread_sensitive=False)
+
+
+def _read_off_thread(function):
+    return database_sync_to_async(function, thread_sensitive=False)
 
 
 def _note_head(run_pk, sequence) -> None:
@@ -111,6 +122,9 @@ class _TreeSub:
     rows: dict[int, tuple] = field(default_factory=dict)  # pk -> fingerprint sent
     ready: bool = False
     read_at: float = 0.0  # when the rows were last read (epoch seconds)
+    compact: bool = False  # the snapshot goes as column arrays ("treeCols" frames)
+    ids: dict[int, str] = field(default_factory=dict)  # pk -> runId, to name parents
+    full_at: float = field(default_factory=time.time)  # the last whole-tree diff
 
 
 def _fingerprint(row: dict) -> tuple:
@@ -120,6 +134,7 @@ def _fingerprint(row: dict) -> tuple:
         row["refusedSpawns"],
         row["cancelRequested"],
         row["finishedAt"],
+        row["activity"],
         tuple((lease["leaseId"], lease["expiresAt"]) for lease in row["leases"]),
         tuple(row["usage"].values()),
         repr(row["budget"]),
@@ -361,13 +376,51 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self._hold(notify.tree_group(root_pk))
         await self._send({"type": "subscribed", "treeId": run.run_id})
         sub.read_at = time.time()
-        rows = await database_sync_to_async(selectors.tree_rows_changed)(run.pk)
-        for start in range(0, max(len(rows), 1), TREE_CHUNK):
-            chunk = rows[start : start + TREE_CHUNK]
-            more = start + TREE_CHUNK < len(rows)
-            await self._send({"type": "tree", "treeId": run.run_id, "runs": chunk, "more": more})
-        sub.rows = {row["pk"]: _fingerprint(row) for row in rows}
+        sub.compact = frame.compact
+        sub.rows = {}
+        sub.ids = {}
+        if run.parent_id:
+            sub.ids[run.parent_id] = await database_sync_to_async(selectors.run_id_of)(
+                run.parent_id
+            )
+        await self._stream_tree(sub, first=True)
         sub.ready = True
+
+    async def _stream_tree(self, sub: _TreeSub, first: bool):
+        """Read the subtree a chunk at a time and either send it whole (the snapshot) or send
+        the rows whose fingerprint changed (the full diff on a heartbeat)."""
+        # Off the shared sync thread: a 100k-run snapshot is seconds of reads, and other
+        # sockets' handshakes and the pages' views must not queue behind it.
+        leases = await _read_off_thread(selectors.tree_leases)(sub.root_pk)
+        after, keep, changed, sent_any = None, None, [], False
+        # Reading, fingerprinting and encoding a chunk all happen in that thread too: done on
+        # the event loop they held up every other socket of the process for seconds.
+        read = _read_off_thread(_tree_chunk_prepared)
+        while True:
+            # A small first chunk puts the top of the tree on screen sooner.
+            size = TREE_FIRST_CHUNK if first and after is None else TREE_READ_CHUNK
+            chunk = await read(sub, after, size, keep, leases, first)
+            if chunk is None:
+                break
+            after, keep, fingerprints, texts, rows = chunk
+            if first:
+                sub.rows.update(fingerprints)
+                for text in texts:
+                    await self._send_patiently(text)
+                sent_any = True
+            else:
+                for row in rows:
+                    if sub.rows.get(row["pk"]) != fingerprints[row["pk"]]:
+                        sub.rows[row["pk"]] = fingerprints[row["pk"]]
+                        changed.append(row)
+            if after is None:
+                break
+        if first and not sent_any:
+            await self._send({"type": "tree", "treeId": sub.run_id, "runs": [], "more": False})
+        for start in range(0, len(changed), TREE_CHUNK):
+            await self._send(
+                {"type": "rows", "treeId": sub.run_id, "runs": changed[start : start + TREE_CHUNK]}
+            )
 
     async def _subscribe_roots(self, frame: SubscribeRoots):
         found = await database_sync_to_async(selectors.root_pks_by_run_id)(frame.roots)
@@ -527,7 +580,16 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self._catch_up_run(sub)
         for sub in list(self.trees.values()):
             if sub.ready:
-                await self._catch_up_tree(sub, None)
+                if (
+                    len(sub.rows) <= BIG_TREE
+                    or time.time() - sub.full_at > BIG_TREE_FULL_DIFF_SECONDS
+                ):
+                    sub.full_at = time.time()
+                    await self._catch_up_tree(sub, None)
+                else:
+                    # A big tree is diffed whole less often: between full diffs, the runs
+                    # changed since the last read (by updated_at) are enough.
+                    await self._catch_up_tree(sub, set())
         if self.roots:
             await self._catch_up_roots(set(self.roots))
         if self.runners:
@@ -587,6 +649,10 @@ class LiveConsumer(AsyncWebsocketConsumer):
                 return
 
     async def _catch_up_tree(self, sub: _TreeSub, run_pks):
+        if run_pks is None:
+            sub.read_at = time.time()
+            await self._stream_tree(sub, first=False)
+            return
         since = None
         if run_pks is not None:
             since = datetime.fromtimestamp(sub.read_at - TREE_OVERLAP_SECONDS, tz=UTC)
@@ -601,6 +667,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             fingerprint = _fingerprint(row)
             if sub.rows.get(row["pk"]) != fingerprint:
                 sub.rows[row["pk"]] = fingerprint
+                sub.ids[row["pk"]] = row["runId"]
                 changed.append(row)
         for start in range(0, len(changed), TREE_CHUNK):
             await self._send(
@@ -656,7 +723,21 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if self.backlogged:
             self.backlogged = False
             self._forget_what_was_sent()
-        await self.send(text_data=dumps(frame))
+        await self.send(text_data=frame if isinstance(frame, str) else dumps(frame))
+
+    async def _send_patiently(self, frame):
+        """Send a frame of a tree snapshot once the client has taken half of its backlog.
+
+        A snapshot is bounded (it ends), so it waits for a slow client rather than pausing
+        like the live stream: a paused snapshot would be abandoned half-sent, and the client
+        would hold half a tree until it resubscribed.
+        """
+        while True:
+            backlog = _unsent_bytes(self.base_send)
+            if backlog is None or backlog <= settings.LIVE_MAX_BACKLOG_BYTES // 2:
+                break
+            await asyncio.sleep(DRAIN_POLL_SECONDS)
+        await self._send(frame)
 
     def _forget_what_was_sent(self):
         """After a pause, resend state snapshots: some were dropped mid-way."""
@@ -670,6 +751,33 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def _error(self, field_name: str, message: str, code: str = "invalid"):
         await self._send({"type": "error", "code": code, "field": field_name, "message": message})
+
+
+def _tree_chunk_prepared(sub: _TreeSub, after, size: int, keep, leases: dict, first: bool):
+    """One chunk of a tree read, fingerprinted and (for a snapshot) encoded, off the loop."""
+    columns, after, keep = selectors.tree_chunk(sub.top_pk, after, size, keep)
+    if columns is None:
+        return None
+    rows = selectors.column_rows(columns, leases, sub.ids)
+    fingerprints = {row["pk"]: _fingerprint(row) for row in rows}
+    texts = []
+    if first:
+        more = after is not None
+        if sub.compact:
+            frame = {"type": "treeCols", "treeId": sub.run_id, "columns": columns}
+            frame["leases"] = {str(pk): leases[pk] for pk in columns["pk"] if pk in leases}
+            frame["more"] = more
+            texts.append(dumps(frame))
+        else:
+            for start in range(0, max(len(rows), 1), TREE_CHUNK):
+                frame = {
+                    "type": "tree",
+                    "treeId": sub.run_id,
+                    "runs": rows[start : start + TREE_CHUNK],
+                    "more": more or start + TREE_CHUNK < len(rows),
+                }
+                texts.append(dumps(frame))
+    return after, keep, fingerprints, texts, rows
 
 
 def _batches(events: list[dict]):

@@ -37,6 +37,9 @@ class SubscribeRun(_In):
 class SubscribeTree(_In):
     type: Literal["subscribe"]
     tree_id: str = Field(alias="treeId")
+    # The snapshot as column arrays ("treeCols" frames): a third of the bytes of row objects
+    # and much cheaper to parse at 100,000 runs. Changes still come as "rows".
+    compact: bool = False
 
     @field_validator("tree_id")
     @classmethod
@@ -223,12 +226,25 @@ class TreeRow(_Out):
     leases: list[dict[str, Any]]
     usage: TreeUsage
     budget: TreeBudget | None
+    task: str
+    activity: str
 
 
 class TreeFrame(_Out):
     type: Literal["tree"]
     tree_id: str = Field(alias="treeId")
     runs: list[TreeRow]
+    more: bool
+
+
+class TreeColsFrame(_Out):
+    """A chunk of the tree snapshot, one array per field (index i of every array is one run);
+    ``parentPk`` names the parent by its pk, sent in an earlier row; ``leases`` is sparse."""
+
+    type: Literal["treeCols"]
+    tree_id: str = Field(alias="treeId")
+    columns: dict[str, list[Any]]
+    leases: dict[str, list[dict[str, Any]]]
     more: bool
 
 
@@ -283,6 +299,7 @@ SERVER_FRAMES = {
     "run": RunFrame,
     "events": EventsFrame,
     "tree": TreeFrame,
+    "treeCols": TreeColsFrame,
     "rows": RowsFrame,
     "summary": SummaryFrame,
     "newTree": NewTreeFrame,

@@ -161,6 +161,10 @@ def runs_matching(
 
 
 def _run_row_fields():
+    return run_row_fields()
+
+
+def run_row_fields():
     return {
         "runId": F("run_id"),
         "conversationId": F("session__conversation_id"),
@@ -177,7 +181,7 @@ def _run_row_fields():
     }
 
 
-_RUN_ROW_COLUMNS = (
+RUN_ROW_COLUMNS = _RUN_ROW_COLUMNS = (
     "pk",
     "depth",
     "status",
@@ -187,6 +191,8 @@ _RUN_ROW_COLUMNS = (
     "error",
     "parent_id",
     "via",
+    "task",
+    "activity",
 )
 
 
@@ -251,3 +257,42 @@ def sessions_matching(
 def steer_receipts(run: Run) -> list:
     """Every steer of one run, oldest first, with how each one turned out."""
     return list(SteerReceipt.objects.filter(run=run).order_by("created_at", "id"))
+
+
+def run_request(run: Run) -> dict:
+    """The full request a run was started with, and who started it, from what the run records.
+
+    A child has the request its parent sent (``child.start``, or the MCP ``delegate`` tool when
+    the run says so); a top-level run either came from an operator's launch (it then records a
+    request) or was opened by its runner with ``run.open`` (no message).
+    """
+    from delegation.models import AuditEntry
+
+    request = run.request if isinstance(run.request, dict) else {}
+    via = getattr(run, "via", "") or ""
+    if run.parent_id:
+        how = "mcp" if via == "mcp" else "runner"
+        by = f"{'MCP delegate' if how == 'mcp' else 'child.start'} from run {run.parent.run_id}"
+    elif request:
+        how = "launch"
+        entry = (
+            AuditEntry.objects.filter(target_id=run.run_id, action__icontains="launch")
+            .order_by("created_at")
+            .values_list("actor", flat=True)
+            .first()
+        )
+        by = f"operator launch{f' by {entry}' if entry else ''}"
+    else:
+        how = "runner"
+        by = f"run.open by runner {run.runner.name}"
+    return {
+        "message": request.get("message", "") if isinstance(request.get("message"), str) else "",
+        "profile": run.profile,
+        "options": run.options or {},
+        "cwd": run.cwd,
+        "contextMode": run.context_mode or request.get("contextMode", "") or "",
+        "requestId": run.request_id,
+        "toolCallId": run.tool_call_id,
+        "startedVia": how,
+        "startedBy": by,
+    }

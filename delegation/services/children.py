@@ -45,7 +45,7 @@ from delegation.models import (
 )
 from delegation.selectors import RESULT_RELATED, events_after, snapshot
 from delegation.services import budgets, rollups
-from delegation.services.base import lock_run, store_server_event
+from delegation.services.base import lock_run, store_server_event, task_of
 from delegation.services.operator import (
     Actor,
     do_cancel_run,
@@ -411,6 +411,7 @@ def _child_start_locked(caller: Caller, params: Params):
         lease=lease,
         request_id=request.request_id,
         request=raw_request,
+        task=task_of(raw_request),
         request_fingerprint=fingerprint,
         preset=preset.frozen(),
         options=options,

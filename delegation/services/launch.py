@@ -26,6 +26,7 @@ from delegation.models import (
 )
 from delegation.selectors import RESULT_RELATED, snapshot
 from delegation.services import budgets, rollups
+from delegation.services.base import task_of
 from delegation.services.children import IDENTITY_KEYS
 from delegation.services.operator import Actor, audit, require_operator
 from delegation.services.outbox import enqueue
@@ -119,6 +120,7 @@ def _launch(actor: Actor, launch: Launch) -> dict:
         profile=preset.name,
         host_instance_id=runner.host_instance_id,
         request=raw_request,
+        task=task_of(raw_request),
         preset=preset.frozen(),
         options=preset.options or {},
         cwd=cwd,

@@ -25,7 +25,7 @@ from delegation.models import (
 from delegation.protocol import SERVER_EVENT_KINDS
 from delegation.selectors import EVENT_FIELDS, RESULT_RELATED, live_event_row, snapshot
 from delegation.services import budgets, rollups
-from delegation.services.base import lock_run, mark_finished
+from delegation.services.base import activity_of, lock_run, mark_finished
 from delegation.services.operator import Actor, request_cancel
 from delegation.services.runners import Connection, current_runner
 from delegation.wire import (
@@ -234,6 +234,11 @@ def _append(conn: Connection, params: RunEventParams, rows, usages) -> tuple[dic
                     run.output = event.text
                     if "output" not in fields:
                         fields.append("output")
+            activity = activity_of(fresh)
+            if activity is not None:
+                run.activity = activity
+                run.activity_at = now
+                fields += ["activity", "activity_at"]
             run.last_sequence = next_sequence
             run.emitted = next_index
             run.updated_at = now

@@ -98,7 +98,7 @@ export class LiveClient extends EventTarget {
     for (const [runId, sub] of this.runs) this.send({ type: "subscribe", runId, after: sub.last });
     for (const [treeId, sub] of this.trees) {
       sub.fresh = true;
-      this.send({ type: "subscribe", treeId });
+      this.send(sub.compact ? { type: "subscribe", treeId, compact: true } : { type: "subscribe", treeId });
     }
     if (this.roots && (this.roots.ids.size || this.roots.newTrees)) {
       this.send({ type: "subscribe", roots: [...this.roots.ids], newTrees: this.roots.newTrees });
@@ -116,9 +116,11 @@ export class LiveClient extends EventTarget {
     return sub ? sub.last : null;
   }
 
-  subscribeTree(treeId, handlers) {
-    this.trees.set(treeId, { ...handlers, fresh: true });
-    this.send({ type: "subscribe", treeId });
+  // With ``compact`` the snapshot comes as column arrays ("treeCols"), decoded here into the
+  // same row objects as "tree" frames.
+  subscribeTree(treeId, handlers, { compact = false } = {}) {
+    this.trees.set(treeId, { ...handlers, fresh: true, compact });
+    this.send(compact ? { type: "subscribe", treeId, compact: true } : { type: "subscribe", treeId });
   }
 
   subscribeRoots(ids, newTrees, handlers) {
@@ -158,6 +160,14 @@ export class LiveClient extends EventTarget {
         const first = sub.fresh;
         sub.fresh = false;
         if (sub.onTree) sub.onTree(frame.runs, { first, more: frame.more });
+        break;
+      }
+      case "treeCols": {
+        const sub = this.trees.get(frame.treeId);
+        if (!sub) break;
+        const first = sub.fresh;
+        sub.fresh = false;
+        if (sub.onTree) sub.onTree(decodeColumns(frame), { first, more: frame.more });
         break;
       }
       case "rows": {
@@ -209,4 +219,18 @@ export class LiveClient extends EventTarget {
     sub.last = fresh[fresh.length - 1].sequence;
     if (sub.onEvents) sub.onEvents(fresh);
   }
+}
+
+export function decodeColumns(frame) {
+  const cols = frame.columns;
+  const names = Object.keys(cols);
+  const n = cols.pk ? cols.pk.length : 0;
+  const rows = new Array(n);
+  for (let i = 0; i < n; i++) {
+    const row = {};
+    for (const name of names) row[name] = cols[name][i];
+    row.leases = frame.leases[row.pk] || [];
+    rows[i] = row;
+  }
+  return rows;
 }

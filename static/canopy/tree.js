@@ -1,11 +1,14 @@
-// A delegation tree as rows: one element per visible run, in depth-first order, with
-// [data-run-id] and [data-status]. Large trees stay usable: only expanded branches are in the
-// DOM, and on first load branches below the depth that fits VISIBLE_BUDGET rows start
-// collapsed (a collapsed run shows how many runs it hides and how many of them are running).
+// A delegation tree as virtualised rows: the whole tree is kept in memory (one small object per
+// run) and flattened in depth-first order, but only the rows in the scrolled window (plus a few
+// above and below) exist in the DOM, so a 100,000-run tree scrolls like a 40-run one. Each row
+// element has [data-run-id], [data-status] and [data-depth]. Filters (status, depth, text) keep
+// the ancestors of every match visible; search and jump reveal, scroll to and select a run.
 import { el, formatDuration, formatTTL, now } from "./common.js";
 
-const VISIBLE_BUDGET = 400;
+const ROW_HEIGHT = 28;
+const OVERSCAN = 12;
 const TERMINAL = new Set(["succeeded", "failed", "cancelled", "lost"]);
+const STATUSES = ["running", "succeeded", "failed", "cancelled", "lost"];
 
 export class TreeView extends EventTarget {
   constructor(container, { topId, mini = false, linkRuns = true, focusId = "", keyTarget = null }) {
@@ -17,16 +20,29 @@ export class TreeView extends EventTarget {
     this.linkRuns = linkRuns;
     this.focusId = focusId;
     this.rows = new Map(); // runId -> row
+    this.byPk = new Map(); // pk -> runId (compact frames name parents by pk)
     this.kids = new Map(); // runId -> [runId] in creation order
-    this.expanded = new Set();
-    this.elements = new Map(); // runId -> element
-    this.autoDepth = Infinity; // runs at relative depth < autoDepth start expanded
+    this.collapsed = new Set(); // everything is expanded unless collapsed: rows are virtual
+    this.statusCounts = {};
+    this.deepest = 0;
     this.loaded = false;
-    this.structureDirty = false;
-    this.dirty = new Set();
+    this.structureDirty = true;
+    this.flat = []; // visible runIds in display order
+    this.index = new Map(); // runId -> position in flat
+    this.filter = { statuses: null, maxDepth: null, text: "" };
+    this.matches = null; // Set of matching runIds while a filter is on
+    this.elements = new Map(); // runId -> element, only for rows in the window
+    this.pool = [];
     this.fresh = new Set();
     this.selected = null;
     this.scheduled = false;
+    this.applied = 0; // rows applied from the live socket, for the bench and tests
+    this.body.classList.add("tree-virtual");
+    this.spacer = el("div", { class: "tree-spacer" });
+    this.windowEl = el("div", { class: "tree-window" });
+    this.spacer.append(this.windowEl);
+    this.body.append(this.spacer);
+    this.body.addEventListener("scroll", () => this.schedule(), { passive: true });
     this.body.addEventListener("click", (e) => this.onClick(e));
     (keyTarget || container).addEventListener("keydown", (e) => this.onKey(e));
   }
@@ -34,21 +50,35 @@ export class TreeView extends EventTarget {
   // --- data ---------------------------------------------------------------------------------
 
   load(rows, { first, more }) {
+    if (first && this.loaded) this.reset();
     this.upsert(rows, { quiet: !this.loaded });
+    // The snapshot comes parents first: paint what is there while the rest streams in.
+    if (!this.loaded) {
+      this.painting = true;
+      this.schedule();
+    }
     if (!more && !this.loaded) {
       this.loaded = true;
-      this.chooseAutoDepth();
-      for (const row of this.rows.values()) if (this.relDepth(row) < this.autoDepth) this.expanded.add(row.runId);
       if (this.focusId && this.rows.has(this.focusId)) this.reveal(this.focusId);
       this.structureDirty = true;
       this.schedule();
+      this.dispatchEvent(new CustomEvent("loaded"));
     }
+  }
+
+  reset() {
+    // A resubscribe after a reconnect sends the whole tree again; keep what the user chose.
+    this.loaded = false;
   }
 
   upsert(rows, { quiet = false } = {}) {
     for (const row of rows) {
+      if (row.parentRunId == null) row.parentRunId = row.parentPk != null ? this.byPk.get(row.parentPk) || "" : "";
       const old = this.rows.get(row.runId);
       this.rows.set(row.runId, row);
+      this.byPk.set(row.pk, row.runId);
+      if (row.depth > this.deepest) this.deepest = row.depth;
+      this.statusCounts[row.status] = (this.statusCounts[row.status] || 0) + 1;
       if (!old) {
         if (row.parentRunId && row.runId !== this.topId) {
           if (!this.kids.has(row.parentRunId)) this.kids.set(row.parentRunId, []);
@@ -58,52 +88,21 @@ export class TreeView extends EventTarget {
             siblings.sort((a, b) => this.rows.get(a).pk - this.rows.get(b).pk);
           }
         }
-        if (this.loaded && this.relDepth(row) < this.autoDepth) this.expanded.add(row.runId);
         if (!quiet) this.fresh.add(row.runId);
         this.structureDirty = true;
-        // The parent's "hidden" badge changes too.
-        this.markAncestors(row.parentRunId);
       } else {
-        this.dirty.add(row.runId);
-        if (old.status !== row.status) this.markAncestors(row.parentRunId);
+        this.statusCounts[old.status] -= 1;
+        if (old.status !== row.status && this.matches) this.structureDirty = true;
       }
     }
+    if (!quiet) this.applied += rows.length;
     if (this.loaded) this.schedule();
     this.dispatchEvent(new CustomEvent("change"));
-  }
-
-  markAncestors(runId) {
-    let id = runId;
-    let guard = 0;
-    while (id && this.rows.has(id) && guard++ < 10000) {
-      this.dirty.add(id);
-      if (id === this.topId) break;
-      id = this.rows.get(id).parentRunId;
-    }
   }
 
   relDepth(row) {
     const top = this.rows.get(this.topId);
     return row.depth - (top ? top.depth : 0);
-  }
-
-  chooseAutoDepth() {
-    const perDepth = new Map();
-    for (const row of this.rows.values()) {
-      const d = this.relDepth(row);
-      perDepth.set(d, (perDepth.get(d) || 0) + 1);
-    }
-    let visible = 0;
-    const depths = [...perDepth.keys()].sort((a, b) => a - b);
-    this.autoDepth = Infinity;
-    for (const d of depths) {
-      visible += perDepth.get(d);
-      if (visible > VISIBLE_BUDGET && d > 0) {
-        // Runs at depth d-1 stay collapsed: depth d would not fit.
-        this.autoDepth = Math.max(1, d - 1);
-        return;
-      }
-    }
   }
 
   descendants(runId) {
@@ -112,7 +111,8 @@ export class TreeView extends EventTarget {
     while (stack.length) {
       const id = stack.pop();
       out.push(id);
-      for (const k of this.kids.get(id) || []) stack.push(k);
+      const kids = this.kids.get(id);
+      if (kids) for (const k of kids) stack.push(k);
     }
     return out;
   }
@@ -123,12 +123,120 @@ export class TreeView extends EventTarget {
 
   counts() {
     const counts = {};
-    let deepest = 0;
-    for (const row of this.rows.values()) {
-      counts[row.status] = (counts[row.status] || 0) + 1;
-      deepest = Math.max(deepest, row.depth);
+    for (const [status, n] of Object.entries(this.statusCounts)) if (n > 0) counts[status] = n;
+    return { counts, deepest: this.deepest, total: this.rows.size };
+  }
+
+  // --- filters and search ---------------------------------------------------------------------
+
+  setFilter({ statuses = this.filter.statuses, maxDepth = this.filter.maxDepth, text = this.filter.text } = {}) {
+    this.filter = { statuses: statuses && statuses.size ? statuses : null, maxDepth: maxDepth ?? null, text: (text || "").trim().toLowerCase() };
+    this.structureDirty = true;
+    this.schedule();
+  }
+
+  rowMatches(row) {
+    const { statuses, maxDepth, text } = this.filter;
+    if (statuses && !statuses.has(row.status)) return false;
+    if (maxDepth != null && this.relDepth(row) > maxDepth) return false;
+    if (text && !this.textMatches(row, text)) return false;
+    return true;
+  }
+
+  textMatches(row, text) {
+    return row.runId.toLowerCase().includes(text) || (row.task || "").toLowerCase().includes(text) || (row.activity || "").toLowerCase().includes(text) || (row.profile || "").toLowerCase().includes(text);
+  }
+
+  // The next run after the selection whose id, task, activity or profile contains ``text``.
+  find(text, from = this.selected) {
+    const needle = text.trim().toLowerCase();
+    if (!needle) return null;
+    if (this.rows.has(text.trim())) return text.trim();
+    const order = this.allIds();
+    const start = from ? order.indexOf(from) + 1 : 0;
+    for (let i = 0; i < order.length; i++) {
+      const id = order[(start + i) % order.length];
+      if (this.textMatches(this.rows.get(id), needle)) return id;
     }
-    return { counts, deepest, total: this.rows.size };
+    return null;
+  }
+
+  jumpTo(runId) {
+    if (!this.rows.has(runId)) return false;
+    this.reveal(runId);
+    this.rebuild();
+    if (!this.index.has(runId)) {
+      // Hidden by a filter: a jump wins over the filter.
+      this.setFilter({ statuses: null, maxDepth: null, text: "" });
+      this.dispatchEvent(new CustomEvent("filtercleared"));
+      this.rebuild();
+    }
+    const at = this.index.get(runId);
+    const view = this.body.clientHeight;
+    this.body.scrollTop = Math.max(0, at * ROW_HEIGHT - view / 2 + ROW_HEIGHT / 2);
+    this.render();
+    this.select(runId, false);
+    return true;
+  }
+
+  // --- layout ---------------------------------------------------------------------------------
+
+  allIds() {
+    const out = [];
+    if (!this.rows.has(this.topId)) return out;
+    const stack = [this.topId];
+    while (stack.length) {
+      const id = stack.pop();
+      out.push(id);
+      const kids = this.kids.get(id);
+      if (kids) for (let i = kids.length - 1; i >= 0; i--) stack.push(kids[i]);
+    }
+    return out;
+  }
+
+  rebuild() {
+    this.structureDirty = false;
+    const filtering = this.filter.statuses || this.filter.maxDepth != null || this.filter.text;
+    let keep = null;
+    if (filtering) {
+      // A match keeps every ancestor, so it is always seen in place.
+      keep = new Set();
+      this.matches = new Set();
+      for (const row of this.rows.values()) {
+        if (!this.rowMatches(row)) continue;
+        this.matches.add(row.runId);
+        let id = row.runId;
+        while (id && !keep.has(id)) {
+          keep.add(id);
+          if (id === this.topId) break;
+          id = this.rows.get(id)?.parentRunId;
+        }
+      }
+    } else {
+      this.matches = null;
+    }
+    const flat = [];
+    if (this.rows.has(this.topId) && (!keep || keep.has(this.topId))) {
+      const stack = [this.topId];
+      while (stack.length) {
+        const id = stack.pop();
+        flat.push(id);
+        if (this.collapsed.has(id) && !keep) continue;
+        const kids = this.kids.get(id);
+        if (!kids) continue;
+        for (let i = kids.length - 1; i >= 0; i--) if (!keep || keep.has(kids[i])) stack.push(kids[i]);
+      }
+    }
+    this.flat = flat;
+    this.index = new Map();
+    for (let i = 0; i < flat.length; i++) this.index.set(flat[i], i);
+    this.spacer.style.height = `${flat.length * ROW_HEIGHT}px`;
+    for (const node of this.elements.values()) node.dataset.stale = "1";
+  }
+
+  visibleIds() {
+    if (this.structureDirty) this.rebuild();
+    return this.flat;
   }
 
   // --- rendering ------------------------------------------------------------------------------
@@ -142,55 +250,43 @@ export class TreeView extends EventTarget {
     });
   }
 
-  visibleIds() {
-    const out = [];
-    if (!this.rows.has(this.topId)) return out;
-    const stack = [this.topId];
-    while (stack.length) {
-      const id = stack.pop();
-      out.push(id);
-      if (this.expanded.has(id)) {
-        const kids = this.kids.get(id) || [];
-        for (let i = kids.length - 1; i >= 0; i--) stack.push(kids[i]);
-      }
-    }
-    return out;
+  windowRange() {
+    const top = this.body.scrollTop;
+    const height = this.body.clientHeight || 600;
+    const start = Math.max(0, Math.floor(top / ROW_HEIGHT) - OVERSCAN);
+    const end = Math.min(this.flat.length, Math.ceil((top + height) / ROW_HEIGHT) + OVERSCAN);
+    return [start, end];
   }
 
   render() {
-    if (!this.loaded) return;
-    if (this.structureDirty) {
-      this.structureDirty = false;
-      const ids = this.visibleIds();
-      const keep = new Set(ids);
-      for (const [id, node] of this.elements) {
-        if (!keep.has(id)) {
-          node.remove();
-          this.elements.delete(id);
-        }
-      }
-      const loading = this.body.querySelector(".tree-loading");
-      if (loading) loading.remove();
-      let cursor = this.body.firstElementChild;
-      for (const id of ids) {
-        let node = this.elements.get(id);
-        if (!node) {
-          node = this.buildRow(id);
-          this.elements.set(id, node);
-          this.dirty.delete(id);
-        } else if (this.dirty.has(id)) {
-          this.fillRow(node, id);
-          this.dirty.delete(id);
-        }
-        if (node !== cursor) this.body.insertBefore(node, cursor);
-        else cursor = cursor.nextElementSibling;
+    if (!this.loaded && !this.painting) return;
+    const loading = this.body.querySelector(".tree-loading");
+    if (loading) loading.remove();
+    if (this.structureDirty) this.rebuild();
+    const [start, end] = this.windowRange();
+    const wanted = new Set(this.flat.slice(start, end));
+    for (const [id, node] of this.elements) {
+      if (!wanted.has(id)) {
+        node.remove();
+        this.pool.push(node);
+        this.elements.delete(id);
       }
     }
-    for (const id of this.dirty) {
-      const node = this.elements.get(id);
-      if (node) this.fillRow(node, id);
+    this.windowEl.style.transform = `translateY(${start * ROW_HEIGHT}px)`;
+    let cursor = this.windowEl.firstElementChild;
+    for (let i = start; i < end; i++) {
+      const id = this.flat[i];
+      let node = this.elements.get(id);
+      if (!node) {
+        node = this.pool.pop() || el("div", { class: "trow", role: "treeitem" });
+        this.elements.set(id, node);
+        this.fillRow(node, id);
+      } else if (node.dataset.stale || node.dataset.version !== String(this.version(id))) {
+        this.fillRow(node, id);
+      }
+      if (node !== cursor) this.windowEl.insertBefore(node, cursor);
+      else cursor = cursor.nextElementSibling;
     }
-    this.dirty.clear();
     for (const id of this.fresh) {
       const node = this.elements.get(id);
       if (node) {
@@ -200,29 +296,42 @@ export class TreeView extends EventTarget {
       }
     }
     this.fresh.clear();
-    if (!this.selected && this.elements.has(this.focusId || this.topId)) this.select(this.focusId || this.topId, false);
+    const target = this.focusId || this.topId;
+    if (!this.selected && this.rows.has(target) && (this.loaded || !this.focusId)) {
+      this.selected = target;
+      if (this.focusId && this.index.has(target)) this.jumpTo(target);
+      else this.select(target, false);
+    }
     this.tickRows();
     this.dispatchEvent(new CustomEvent("rendered"));
   }
 
-  buildRow(id) {
-    const node = el("div", { class: "trow", role: "treeitem" });
-    this.fillRow(node, id);
-    return node;
+  // A row's element is refilled only when the row object was replaced or its shape changed.
+  version(id) {
+    const row = this.rows.get(id);
+    if (!row.__v) row.__v = ++TreeView.versions;
+    return `${row.__v}:${this.collapsed.has(id) ? 1 : 0}:${(this.kids.get(id) || []).length}:${this.selected === id ? 1 : 0}`;
   }
 
   fillRow(node, id) {
     const row = this.rows.get(id);
     const kids = this.kids.get(id) || [];
-    const open = this.expanded.has(id);
+    const open = !this.collapsed.has(id) || (this.matches !== null);
     const rel = this.relDepth(row);
+    delete node.dataset.stale;
+    node.dataset.version = String(this.version(id));
     node.dataset.runId = row.runId;
     node.dataset.status = row.status;
     node.dataset.depth = row.depth;
+    node.className = "trow";
+    if (this.matches && !this.matches.has(id)) node.classList.add("t-context");
     node.setAttribute("aria-level", rel + 1);
     if (kids.length) node.setAttribute("aria-expanded", open ? "true" : "false");
     else node.removeAttribute("aria-expanded");
-    if (this.selected === id) node.classList.add("selected");
+    if (this.selected === id) {
+      node.classList.add("selected");
+      node.setAttribute("aria-selected", "true");
+    } else node.removeAttribute("aria-selected");
     const name = el(
       "span",
       { class: "t-name" },
@@ -239,7 +348,7 @@ export class TreeView extends EventTarget {
       name.append(el("span", { class: "t-hidden", title: `${hidden.length} runs hidden` }, `+${hidden.length}${running ? ` · ${running} running` : ""}`));
     }
     const status = el("span", {}, el("span", { class: `chip chip-${row.status}` }, row.status));
-    const duration = el("span", { class: "num mono", "data-duration": "1", "data-start": row.createdAt, "data-end": row.finishedAt || "" });
+    const duration = el("span", { class: "num mono", "data-role": "duration", "data-start": row.createdAt, "data-end": row.finishedAt || "" });
     if (this.mini) {
       node.replaceChildren(name, status, duration);
       return;
@@ -256,56 +365,54 @@ export class TreeView extends EventTarget {
     if (row.budget) markers.append(budgetMarker(row));
     node.replaceChildren(
       name,
+      el("span", { class: "t-task", "data-role": "task", title: row.task || "" }, row.task || ""),
       status,
-      el("span", { class: "muted" }, row.profile || "—"),
-      el("span", { class: "mono muted" }, row.runner),
+      el("span", { class: "t-activity muted", "data-role": "activity", title: row.activity || "" }, row.activity || ""),
       el("span", { class: "num mono", "data-role": "events" }, row.events),
-      el("span", { class: "num mono", "data-role": "cost", title: `${(row.usage || {}).tokens || 0} tokens in the subtree` }, `$${((row.usage || {}).costUsd || 0).toFixed(4)}`),
       duration,
+      el("span", { class: "num mono", "data-role": "cost", title: `${(row.usage || {}).tokens || 0} tokens in the subtree` }, `$${((row.usage || {}).costUsd || 0).toFixed(4)}`),
+      el("span", { class: "muted t-agent", title: `${row.profile || "—"} on ${row.runner}` }, row.profile || "—", el("span", { class: "mono" }, ` · ${row.runner}`)),
       markers,
     );
   }
 
   tickRows() {
     const t = now();
-    for (const node of this.body.querySelectorAll("[data-duration]")) {
+    for (const node of this.windowEl.querySelectorAll("[data-role=duration]")) {
       const start = Number(node.dataset.start);
       const end = node.dataset.end ? Number(node.dataset.end) : t;
       node.textContent = formatDuration(end - start);
     }
-    for (const node of this.body.querySelectorAll("[data-ttl]")) node.textContent = formatTTL(Number(node.dataset.ttl) - t);
+    for (const node of this.windowEl.querySelectorAll("[data-ttl]")) node.textContent = formatTTL(Number(node.dataset.ttl) - t);
   }
 
   // --- interaction ------------------------------------------------------------------------------
 
-  toggle(id, open = !this.expanded.has(id)) {
+  toggle(id, open = this.collapsed.has(id)) {
     if (!(this.kids.get(id) || []).length) return;
-    if (open) this.expanded.add(id);
-    else this.expanded.delete(id);
-    this.dirty.add(id);
+    if (open) this.collapsed.delete(id);
+    else this.collapsed.add(id);
     this.structureDirty = true;
     this.render();
   }
 
   expandAll() {
-    for (const id of this.kids.keys()) this.expanded.add(id);
+    this.collapsed.clear();
     this.structureDirty = true;
-    for (const id of this.elements.keys()) this.dirty.add(id);
     this.render();
   }
 
   collapseAll() {
-    this.expanded.clear();
-    this.expanded.add(this.topId);
+    this.collapsed = new Set(this.kids.get(this.topId) || []);
     this.structureDirty = true;
-    for (const id of this.elements.keys()) this.dirty.add(id);
+    this.body.scrollTop = 0;
     this.render();
   }
 
   reveal(id) {
     let parent = this.rows.get(id)?.parentRunId;
     while (parent && this.rows.has(parent)) {
-      this.expanded.add(parent);
+      this.collapsed.delete(parent);
       if (parent === this.topId) break;
       parent = this.rows.get(parent).parentRunId;
     }
@@ -313,23 +420,26 @@ export class TreeView extends EventTarget {
   }
 
   select(id, scroll = true) {
-    if (this.selected && this.elements.has(this.selected)) {
-      const old = this.elements.get(this.selected);
-      old.classList.remove("selected");
-      old.removeAttribute("aria-selected");
-    }
+    const previous = this.selected;
     this.selected = id;
-    const node = this.elements.get(id);
-    if (node) {
-      node.classList.add("selected");
-      node.setAttribute("aria-selected", "true");
-      if (scroll) node.scrollIntoView({ block: "nearest" });
+    for (const key of [previous, id]) {
+      const node = key && this.elements.get(key);
+      if (node) this.fillRow(node, key);
     }
+    if (scroll && this.index.has(id)) {
+      const top = this.index.get(id) * ROW_HEIGHT;
+      const view = this.body.clientHeight;
+      // The header row sits inside the scroller: keep the selection below it.
+      if (top < this.body.scrollTop) this.body.scrollTop = top;
+      else if (top + ROW_HEIGHT > this.body.scrollTop + view) this.body.scrollTop = top + ROW_HEIGHT - view;
+      this.render();
+    }
+    this.dispatchEvent(new CustomEvent("select", { detail: id }));
   }
 
   move(step) {
     const ids = this.visibleIds();
-    let index = ids.indexOf(this.selected);
+    let index = this.index.has(this.selected) ? this.index.get(this.selected) : -1;
     index = index < 0 ? 0 : Math.min(ids.length - 1, Math.max(0, index + step));
     this.select(ids[index]);
   }
@@ -397,3 +507,6 @@ function budgetMarker(row) {
     ` ${text}`,
   );
 }
+
+TreeView.versions = 0;
+export { STATUSES };
