@@ -96,6 +96,16 @@ def _aimed(case) -> bool:
 def aim_at_real_resources(case, world) -> None:
     """Half the cases address a resource that exists, so success responses are checked
     against their schemas too (a random id only ever reaches the 404 branch)."""
+    body = case.body
+    if isinstance(body, dict) and {"runner", "profile", "message"} <= set(body):
+        # A launch names a connected runner and one of its presets in every case (a random
+        # name only reaches the 409 branch, which the unknown-runner tests cover); the message,
+        # budget and the rest stay generated. Only string fields are swapped, so a negative
+        # case stays negative.
+        real = {"runner": world.runner_name, "profile": "worker", "extensionId": "ext"}
+        for name, value in real.items():
+            if type(body.get(name)) is str:
+                body[name] = value
     if not _aimed(case):
         return
     real = {
@@ -106,15 +116,6 @@ def aim_at_real_resources(case, world) -> None:
     for name, value in real.items():
         if name in (case.path_parameters or {}):
             case.path_parameters[name] = value
-    # A launch names a connected runner and one of its presets (a random name only reaches
-    # the 409 branch); the message and the rest stay generated.
-    # Only string fields are swapped, so a negative case stays negative.
-    body = case.body
-    if isinstance(body, dict) and {"runner", "profile", "message"} <= set(body):
-        real = {"runner": world.runner_name, "profile": "worker", "extensionId": "ext"}
-        for name, value in real.items():
-            if type(body.get(name)) is str:
-                body[name] = value
     current = (case.path_parameters or {}).get("id")
     # Only a schema-valid id is swapped for a real one: a negative case must stay negative.
     if type(current) is int and 1 <= current <= 2**63 - 1:

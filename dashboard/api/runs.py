@@ -50,7 +50,6 @@ from delegation import selectors
 from delegation.models import RunStatus
 from delegation.services import budgets, operator
 from delegation.services.launch import Launch, do_launch_run
-from delegation.wire import BudgetLimits
 
 router = Router(tags=["runs"])
 
@@ -490,7 +489,7 @@ def launch_run(request, body: LaunchBody):
         message=body.message,
         extension_id=body.extension_id,
         cwd=body.cwd,
-        budget=body.budget,
+        budget=body.budget.limits() if body.budget is not None else None,
     )
     return 201, do_launch_run(actor_for(request), launch)
 
@@ -529,12 +528,6 @@ def steer_run(request, runId: str, body: SteerBody):  # noqa: N803
     )
 
 
-def _limits(body: BudgetBody) -> BudgetLimits:
-    return BudgetLimits.model_validate(
-        body.model_dump(by_alias=True, exclude_unset=True, exclude={"reason"})
-    )
-
-
 BUDGET_DOC = (
     "Needs the operator role (a refusal is audited); the change is audited with the limits "
     "before and after. The budget bounds the run's whole subtree: a `child.start` beyond "
@@ -554,7 +547,7 @@ BUDGET_DOC = (
 @strict_query(NoParams)
 def put_budget(request, runId: str, body: BudgetBody):  # noqa: N803
     run = find_run(runId)
-    budgets.do_set_budget(actor_for(request), run, _limits(body), replace=True, reason=body.reason)
+    budgets.do_set_budget(actor_for(request), run, body.limits(), replace=True, reason=body.reason)
     return selectors.usage_of_run(find_run(runId))[1]
 
 
@@ -567,5 +560,5 @@ def put_budget(request, runId: str, body: BudgetBody):  # noqa: N803
 @strict_query(NoParams)
 def patch_budget(request, runId: str, body: BudgetBody):  # noqa: N803
     run = find_run(runId)
-    budgets.do_set_budget(actor_for(request), run, _limits(body), replace=False, reason=body.reason)
+    budgets.do_set_budget(actor_for(request), run, body.limits(), replace=False, reason=body.reason)
     return selectors.usage_of_run(find_run(runId))[1]

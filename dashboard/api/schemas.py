@@ -184,54 +184,6 @@ def _not_blank_no_nul(value: str) -> str:
     return value
 
 
-class LaunchBody(Strict):
-    """Start a top-level run on a connected runner with one of its presets (SPEC §9)."""
-
-    runner: str = Field(
-        min_length=1,
-        max_length=128,
-        description="The runner's name (runnerId); it must be connected.",
-        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
-    )
-    profile: str = Field(
-        min_length=1,
-        max_length=128,
-        description="A preset the runner registered.",
-        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
-    )
-    message: str = Field(
-        min_length=1,
-        max_length=MAX_MESSAGE_BYTES,
-        description="The task, non-blank, at most 512 KiB of UTF-8.",
-        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
-    )
-    extension_id: str = Field(
-        default=None,
-        alias="extensionId",
-        min_length=1,
-        max_length=128,
-        description="The extension offering the preset; needed only when several offer it.",
-        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
-    )
-    cwd: str = Field(
-        default=None,
-        min_length=1,
-        max_length=8192,
-        description="Working directory, confined to the runner's workspace when it has one.",
-        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
-    )
-
-    budget: BudgetLimits = Field(
-        default=None,
-        description="Limits on the launched run's whole tree (SPEC §10): maxRuns, maxLive, "
-        "maxTokens, maxCostUsd, maxSeconds; an omitted limit is unbounded.",
-    )
-
-    _checks = field_validator("runner", "profile", "message", "extension_id", "cwd")(
-        classmethod(lambda cls, value: _not_blank_no_nul(value))
-    )
-
-
 # --- Responses ---------------------------------------------------------------------------------
 
 
@@ -308,9 +260,8 @@ def _integral(value: Any) -> Any:
 BodyCount = Annotated[int, Field(ge=0, le=10**15), BeforeValidator(_integral)]
 
 
-class BudgetBody(Strict):
-    """Limits on the run's subtree (SPEC §10). PUT sets exactly these (an omitted limit is
-    removed); PATCH changes only those given. Needs the operator role; audited."""
+class BudgetLimitsBody(Strict):
+    """Limits on a run's subtree (SPEC §10); an omitted limit is unbounded."""
 
     max_runs: BodyCount = Field(default=None, alias="maxRuns")
     max_live: BodyCount = Field(default=None, alias="maxLive")
@@ -319,6 +270,18 @@ class BudgetBody(Strict):
     max_seconds: Annotated[int, Field(ge=1, le=10**12), BeforeValidator(_integral)] = Field(
         default=None, alias="maxSeconds"
     )
+
+    def limits(self) -> BudgetLimits:
+        """The wire budget the services take."""
+        return BudgetLimits.model_validate(
+            self.model_dump(by_alias=True, exclude_unset=True, exclude={"reason"})
+        )
+
+
+class BudgetBody(BudgetLimitsBody):
+    """Limits on the run's subtree (SPEC §10). PUT sets exactly these (an omitted limit is
+    removed); PATCH changes only those given. Needs the operator role; audited."""
+
     reason: str = Field(
         default="",
         max_length=2000,
@@ -332,6 +295,54 @@ class BudgetBody(Strict):
         if not re.search(NO_NUL, value):
             raise ValueError("must not contain NUL")
         return value
+
+
+class LaunchBody(Strict):
+    """Start a top-level run on a connected runner with one of its presets (SPEC §9)."""
+
+    runner: str = Field(
+        min_length=1,
+        max_length=128,
+        description="The runner's name (runnerId); it must be connected.",
+        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
+    )
+    profile: str = Field(
+        min_length=1,
+        max_length=128,
+        description="A preset the runner registered.",
+        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
+    )
+    message: str = Field(
+        min_length=1,
+        max_length=MAX_MESSAGE_BYTES,
+        description="The task, non-blank, at most 512 KiB of UTF-8.",
+        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
+    )
+    extension_id: str = Field(
+        default=None,
+        alias="extensionId",
+        min_length=1,
+        max_length=128,
+        description="The extension offering the preset; needed only when several offer it.",
+        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
+    )
+    cwd: str = Field(
+        default=None,
+        min_length=1,
+        max_length=8192,
+        description="Working directory, confined to the runner's workspace when it has one.",
+        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
+    )
+
+    budget: BudgetLimitsBody = Field(
+        default=None,
+        description="Limits on the launched run's whole tree (SPEC §10): maxRuns, maxLive, "
+        "maxTokens, maxCostUsd, maxSeconds; an omitted limit is unbounded.",
+    )
+
+    _checks = field_validator("runner", "profile", "message", "extension_id", "cwd")(
+        classmethod(lambda cls, value: _not_blank_no_nul(value))
+    )
 
 
 class RunItem(Schema):
