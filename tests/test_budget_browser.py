@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.browser import needs_chromium, sign_in
-from tests.live_server import daphne_factory  # noqa: F401  (fixture)
+from tests.live_server import _module_daphne, daphne_factory, daphne_server  # noqa: F401  (fixtures)
 from tests.personas import PASSWORD
 from tests.test_browser import browser, runner, server, wait_status  # noqa: F401  (fixtures)
 

@@ -32,7 +32,10 @@ async def test_it_shows_each_runs_task_and_latest_activity_live(runner, operator
 
     await runner.emit(
         child["runId"],
-        ["\n  Reading parser.py first", {"kind": "usage", "input": {"inputTokens": 3}}],
+        [
+            "\n  Reading parser.py first",
+            {"kind": "usage", "input": {"inputTokens": 3, "outputTokens": 0}},
+        ],
     )
     frames = await until(
         ws, lambda f: f["type"] == "rows" and (_row([f], child["runId"]) or {}).get("activity")
@@ -64,7 +67,9 @@ async def test_it_shows_each_runs_task_and_latest_activity_live(runner, operator
 async def test_it_keeps_the_last_activity_when_new_events_say_nothing(runner):
     await runner.open("root-1")
     await runner.emit("root-1", ["x" * 500])
-    await runner.emit("root-1", [{"kind": "usage", "input": {"inputTokens": 1}}], 2)
+    await runner.emit(
+        "root-1", [{"kind": "usage", "input": {"inputTokens": 1, "outputTokens": 0}}], 2
+    )
     stored = await database_sync_to_async(models.Run.objects.get)(run_id="root-1")
     assert stored.activity == "x" * 199 + "…" and len(stored.activity) == models.ACTIVITY_CHARS
 

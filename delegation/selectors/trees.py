@@ -354,8 +354,12 @@ TREE_COLUMNS = (
     ("underLease", "lease_id"),
     ("task", "task"),
     ("activity", "activity"),
+    ("via", "via"),
 )
 _FLAGS = {"cancelRequested", "underLease"}
+# Read beside TREE_COLUMNS and folded into two columns of objects, "usage" and "budget"
+# (as every tree row carries them): rollups and budgets are joined rows, not run columns.
+_USAGE_NAMES = tuple(TREE_USAGE_FIELDS)
 
 
 class EpochMillis(Func):
@@ -416,15 +420,17 @@ def tree_chunk(top_pk: int, after=None, limit: int = 5000, keep=None):
     root_pk = top["root_id"] or top["pk"]
     if not whole and keep is None:
         keep = {top["pk"]}
-    fields = [field for _name, field in TREE_COLUMNS]
+    fields = [field for _name, field in TREE_COLUMNS] + list(_USAGE_NAMES)
     # Below the root every run has root_id set: ranges on the (root, depth) index, already in
     # (depth, pk) order there, so no chunk sorts the tree (an OR with the root's row did).
-    below = Run.objects.filter(root_id=root_pk).annotate(**_TIME_COLUMNS)
+    below = Run.objects.filter(root_id=root_pk).annotate(**_TIME_COLUMNS, **TREE_USAGE_FIELDS)
     rows = []
     if after is None:
         if whole:
             rows = list(
-                Run.objects.filter(pk=root_pk).annotate(**_TIME_COLUMNS).values_list(*fields)
+                Run.objects.filter(pk=root_pk)
+                .annotate(**_TIME_COLUMNS, **TREE_USAGE_FIELDS)
+                .values_list(*fields)
             )
         depth, pk = (0, 0) if whole else (top["depth"], 0)
     else:
@@ -439,17 +445,21 @@ def tree_chunk(top_pk: int, after=None, limit: int = 5000, keep=None):
         )
     more = len(rows) > limit
     rows = rows[:limit]
-    columns = {name: [] for name, _field in TREE_COLUMNS}
     names = [name for name, _field in TREE_COLUMNS]
+    columns = {name: [] for name in (*names, "usage", "budget")}
+    width = len(names)
     for row in rows:
         if keep is not None:
             if row[0] != top["pk"] and row[2] not in keep:
                 continue
             keep.add(row[0])
-        for name, value in zip(names, row, strict=True):
+        for name, value in zip(names, row[:width], strict=True):
             if name in _FLAGS:
                 value = value is not None
             columns[name].append(value)
+        shown = _tree_usage(dict(zip(_USAGE_NAMES, row[width:], strict=True)))
+        columns["usage"].append(shown["usage"])
+        columns["budget"].append(shown["budget"])
     last = (rows[-1][3], rows[-1][0]) if more else None
     return columns, last, keep
 
