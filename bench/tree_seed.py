@@ -89,11 +89,11 @@ def seed_tree(runner, total: int, fanout: int = 10, prefix: str = "big", step_ms
     run_columns = (
         "id, run_id, session_id, runner_id, parent_id, root_id, depth, status, done, "
         "extension_id, profile, task, activity, last_sequence, emitted, created_at, "
-        "updated_at, finished_at, refused_spawns, options, " + ", ".join(empty)
+        "updated_at, finished_at, refused_spawns, options, via, ancestry, " + ", ".join(empty)
     )
     run_values = (
         ", ".join(["%s"] * 18)
-        + ", 0, '{}', "
+        + ", 0, '{}', 'runner', '[]', "
         + ", ".join(["FALSE" if e == "cancelled" else "''" for e in empty])
     )
     with transaction.atomic(), connection.cursor() as cursor:

@@ -7,7 +7,7 @@ import pytest
 
 from delegation.services import tokens
 from tests.browser import ScriptedRunner, needs_chromium, sequences, sign_in
-from tests.live_server import daphne_factory  # noqa: F401  (fixture)
+from tests.live_server import _module_daphne, daphne_factory, daphne_server  # noqa: F401  (fixtures)
 from tests.personas import PASSWORD
 from tests.test_browser import browser  # noqa: F401  (fixture)
 

@@ -16,7 +16,7 @@ from bench.tree_seed import seed_tree
 from delegation import notify
 from delegation.models import Run, Runner
 from tests.browser import CHROMIUM, sign_in
-from tests.live_server import daphne_factory  # noqa: F401  (fixture)
+from tests.live_server import _module_daphne, daphne_factory, daphne_server  # noqa: F401  (fixtures)
 from tests.personas import PASSWORD
 from tests.test_browser import browser, runner, server  # noqa: F401  (fixtures)
 
