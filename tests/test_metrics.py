@@ -72,7 +72,8 @@ async def test_it_reports_what_happened_in_prometheus_text_format(
     watcher = WebsocketCommunicator(
         application,
         "/ws/live/",
-        headers=[(b"origin", b"http://127.0.0.1"), (b"cookie", cookie)],
+        # A browser always sends Host; the live gate compares Origin with it exactly.
+        headers=[(b"host", b"127.0.0.1"), (b"origin", b"http://127.0.0.1"), (b"cookie", cookie)],
     )
     assert (await watcher.connect(timeout=10))[0]
     assert json.loads(await watcher.receive_from(5))["type"] == "hello"
