@@ -1,6 +1,7 @@
 """Database-side steps of the benchmark, run in a child process against the bench database.
 
 python -m bench.seed ceiling --rows N --batch B
+python -m bench.seed driver-ceiling --rows N --batch B [--writers W]
 python -m bench.seed big-run --events N
 python -m bench.seed tree --runs N
 python -m bench.seed subtree --run RUN_ID
@@ -12,6 +13,7 @@ import argparse
 import json
 import os
 import statistics
+import threading
 import time
 import uuid
 
@@ -27,7 +29,7 @@ from django.utils import timezone  # noqa: E402
 
 from delegation import rpc  # noqa: E402
 from delegation.models import Event, Run, RunStatus, Session  # noqa: E402
-from delegation.services import runners, streams, tokens  # noqa: E402
+from delegation.services import event_store, runners, tokens  # noqa: E402
 
 EXTENSION = {"extensionId": "bench", "generation": 1, "presets": [{"name": "worker"}]}
 TEXT = "hello world " * 4
@@ -40,12 +42,17 @@ def _registered_runner(name: str):
     return runner, token, runners.Connection(runner_pk=runner.pk, generation=generation)
 
 
-def ceiling(rows: int, batch: int) -> dict:
-    """The ORM's raw bulk_create rate for the rows ingest stores, on this database."""
+def _ceiling_run() -> Run:
+    """An open run of a registered runner, for the ceilings to insert its rows into."""
     _runner, _token, conn = _registered_runner(f"ceiling-{uuid.uuid4().hex[:8]}")
     run_id = f"ceiling-{uuid.uuid4().hex}"
     rpc.open_run(conn, {"conversationId": f"c-{run_id}", "runId": run_id})
-    run = Run.objects.get(run_id=run_id)
+    return Run.objects.get(run_id=run_id)
+
+
+def ceiling(rows: int, batch: int) -> dict:
+    """The ORM's raw bulk_create rate for the rows ingest stores, on this database."""
+    run = _ceiling_run()
     now = timezone.now()
     started = time.perf_counter()
     sequence = 0
@@ -67,6 +74,55 @@ def ceiling(rows: int, batch: int) -> dict:
             Event.objects.bulk_create(objects)
     elapsed = time.perf_counter() - started
     return {"rows_per_s": rows / elapsed}
+
+
+def driver_ceiling(rows: int, batch: int, writers: int = 1) -> dict:
+    """The database driver's own bulk insert of the same rows, past Django entirely: sqlite3's
+    ``executemany`` or psycopg's ``COPY``, one transaction per ``batch`` rows as ingest commits
+    one per frame, from ``writers`` threads with a connection and a run each. What no server
+    can beat; ingest is measured as a fraction of it."""
+    runs = [_ceiling_run() for _ in range(writers)]
+    connection.close()  # each writer thread opens its own
+    share = rows // writers
+    now = timezone.now()
+
+    def write(run: Run):
+        connection.ensure_connection()
+        raw = connection.connection
+        columns = ", ".join(event_store.EVENT_COLUMNS)
+        for first in range(1, share + 1, batch):
+            numbers = range(first, min(share, first + batch - 1) + 1)
+            if connection.vendor == "postgresql":
+                with raw.cursor() as cursor:
+                    with cursor.copy(f"COPY delegation_event ({columns}) FROM STDIN") as copy:
+                        for n in numbers:
+                            copy.write_row((run.pk, n, n, now, "text-delta", TEXT, *_NO_FIELDS))
+            else:
+                stamp = connection.ops.adapt_datetimefield_value(now)
+                placeholders = ", ".join("?" * len(event_store.EVENT_COLUMNS))
+                cursor = raw.cursor()
+                cursor.execute("BEGIN")  # Django left the driver in autocommit
+                cursor.executemany(
+                    f"INSERT INTO delegation_event ({columns}) VALUES ({placeholders})",
+                    [(run.pk, n, n, stamp, "text-delta", TEXT, *_NO_FIELDS) for n in numbers],
+                )
+            raw.commit()
+        connection.close()
+
+    threads = [threading.Thread(target=write, args=(run,)) for run in runs]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    stored = Event.objects.filter(run__in=runs).count()
+    assert stored == share * writers, f"driver ceiling stored {stored} of {share * writers} rows"
+    return {"rows_per_s": share * writers / elapsed}
+
+
+# tool_name, tool_call_id, input, tool_output, success, error; then truncated and actor.
+_NO_FIELDS = (None, None, None, None, None, None, False, "")
 
 
 def big_run(events: int) -> dict:
@@ -99,7 +155,7 @@ def big_run(events: int) -> dict:
     for first in range(1, events + 1, batch):
         last = min(events, first + batch - 1)
         with transaction.atomic():
-            streams.insert_events([(run.pk, n, n, now, row) for n in range(first, last + 1)])
+            event_store.insert_events([(run.pk, n, n, now, row) for n in range(first, last + 1)])
     Run.objects.filter(pk=run.pk).update(last_sequence=events, emitted=events)
     return {"token": token, "runId": "reader-root", "childId": child["conversationId"]}
 
@@ -248,6 +304,7 @@ def main():
     parser.add_argument("step")
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--writers", type=int, default=1)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--run")
@@ -256,6 +313,8 @@ def main():
     args = parser.parse_args()
     if args.step == "ceiling":
         result = ceiling(args.rows, args.batch)
+    elif args.step == "driver-ceiling":
+        result = driver_ceiling(args.rows, args.batch, args.writers)
     elif args.step == "big-run":
         result = big_run(args.events)
     elif args.step == "tree":

@@ -284,8 +284,16 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             await self._flush_outbox()
 
     async def _call(self, function, *args):
-        """Run a service function on the database thread, then ring its doorbells here."""
-        result, error, bells = await database_sync_to_async(_collecting)(function, *args)
+        """Run a service function on a database thread, then ring its doorbells here.
+
+        On PostgreSQL each call takes any free thread of the pool (and that thread's own
+        connection), so one runner's commit does not wait behind another's; a socket's own
+        frames still run one after another, in order, as the consumer awaits each. SQLite has
+        one writer: its calls share one thread, as channels does by default."""
+        parallel = db_connection.vendor == "postgresql"
+        result, error, bells = await database_sync_to_async(
+            _collecting, thread_sensitive=not parallel
+        )(function, *args)
         if bells:
             await notify.ring_collected(bells)
         if error is not None:

@@ -96,21 +96,18 @@ def loads_strict(text: str | bytes) -> Any:
 
 
 def _nesting(value: Any) -> int:
-    """How deeply arrays and objects nest in ``value``, walked without recursion."""
+    """How deeply arrays and objects nest in ``value``, walked a level at a time (no
+    recursion, and one comprehension per level rather than a step per value)."""
     deepest = 0
-    stack = [(value, 1)]
-    while stack:
-        node, level = stack.pop()
-        if isinstance(node, dict):
-            children = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
-        deepest = max(deepest, level)
-        if deepest > MAX_NESTING:
-            return deepest
-        stack.extend((child, level + 1) for child in children)
+    level = [value] if isinstance(value, dict | list) else []
+    while level and deepest <= MAX_NESTING:
+        deepest += 1
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, dict | list)
+        ]
     return deepest
 
 

@@ -319,3 +319,40 @@ async def test_it_accepts_an_empty_frame_as_a_status_probe(runner):
     await runner.emit("root-1", ["a"])
     assert await runner.emit("root-1", [], start=2) == {"emitted": 1, "sequence": 1}
     assert await runner.emit("root-1", [], start=1) == {"emitted": 1, "sequence": 1}
+
+
+# Characters COPY's text format escapes (tab, newline, carriage return, backslash, "\N" as
+# text) and others a hand-written insert path gets wrong: quotes, NUL-free control
+# characters, astral-plane text, a JSON value that is itself a string of JSON.
+AWKWARD = 'tab\there\nnew line\r\\N back\\slash "quoted" \x01\x1f é 漢字 🌳 \\\\t'
+
+
+async def test_it_keeps_text_the_bulk_insert_must_escape_exactly(runner):
+    child = await _child(runner)
+    events = [
+        {"kind": "text", "text": AWKWARD},
+        {"kind": "error", "error": AWKWARD},
+        {
+            "kind": "tool-use",
+            "toolName": AWKWARD,
+            "toolCallId": "c\t1",
+            "input": {AWKWARD: AWKWARD},
+        },
+        {"kind": "tool-result", "toolCallId": "c\t1", "toolOutput": [AWKWARD, '{"a": 1}']},
+        {"kind": "tool-update", "input": '{"not": "an object"}', "toolOutput": "\\N"},
+    ]
+    await runner.emit(child["runId"], events)
+    read = await runner.read(child)
+    assert read["events"] == [{"sequence": i + 1, **e} for i, e in enumerate(events)]
+    # What was stored compares equal to the same frame sent again: a replay, not a conflict.
+    assert await runner.emit(child["runId"], events) == {"emitted": 5, "sequence": 5}
+
+
+async def test_it_stores_a_frame_longer_than_one_insert_statement_takes(runner):
+    # SQLite binds at most 32,766 values a statement (14 a row): 5,000 events take three.
+    await runner.open("root-1")
+    await runner.emit("root-1", [ev(f"e{i}") for i in range(5000)])
+    rows = await _stream("root-1")
+    assert [row[0] for row in rows] == list(range(1, 5001))
+    assert [row[2] for row in rows] == [f"e{i}" for i in range(5000)]
+    assert [row[3] for row in rows] == list(range(1, 5001))

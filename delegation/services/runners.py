@@ -28,17 +28,21 @@ def current_runner(conn: Connection, lock: bool = True) -> Runner:
     """The caller's runner, refusing frames from a fenced (older) connection."""
     runners = Runner.objects.select_for_update() if lock else Runner.objects
     runner = runners.get(pk=conn.runner_pk)
-    if runner.revoked_at is not None:
+    check_fence(conn, runner.revoked_at is not None, runner.connection_generation)
+    return runner
+
+
+def check_fence(conn: Connection, revoked: bool, generation: int) -> None:
+    """Refuse a connection whose token was revoked or whose registration was replaced."""
+    if revoked:
         raise RpcError(STALE_CONNECTION, "runner token was revoked")
     if conn.generation == 0:
         raise RpcError(NOT_REGISTERED, "not registered: the first call must be runner.register")
-    if runner.connection_generation != conn.generation:
+    if generation != conn.generation:
         raise RpcError(
             STALE_CONNECTION,
-            f"stale connection: generation {conn.generation} was replaced by "
-            f"{runner.connection_generation}",
+            f"stale connection: generation {conn.generation} was replaced by {generation}",
         )
-    return runner
 
 
 def register(conn: Connection, params: RegisterParams) -> tuple[dict, int, str]:

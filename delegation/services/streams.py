@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from delegation import depth as depthlib
@@ -24,10 +24,10 @@ from delegation.models import (
 )
 from delegation.protocol import SERVER_EVENT_KINDS
 from delegation.selectors import EVENT_FIELDS, RESULT_RELATED, live_event_row, snapshot
-from delegation.services import budgets, rollups
+from delegation.services import budgets, event_store, rollups
 from delegation.services.base import activity_of, lock_run, mark_finished
 from delegation.services.operator import Actor, request_cancel
-from delegation.services.runners import Connection, current_runner
+from delegation.services.runners import Connection, check_fence, current_runner
 from delegation.wire import (
     MAX_EVENT_FIELD_BYTES,
     RunEventParams,
@@ -125,6 +125,8 @@ def _normalise_event(event) -> dict:
         if value is None:
             continue
         if isinstance(value, str):
+            if len(value) * 4 <= MAX_EVENT_FIELD_BYTES:
+                continue  # four bytes a character at most: nothing to cut
             row[name], cut = truncate_utf8(value, MAX_EVENT_FIELD_BYTES)
         elif not isinstance(value, bool | int | float):
             rendered = canonical(value)
@@ -181,10 +183,12 @@ def _usage_totals(usages) -> dict[str, int]:
 def _append(conn: Connection, params: RunEventParams, rows, usages) -> tuple[dict, list[int]]:
     due: list[int] = []
     with transaction.atomic():
-        runner = current_runner(conn, lock=False)
-        run = Run.objects.select_for_update().filter(run_id=params.run_id, runner=runner).first()
-        if run is None:
+        found = event_store.lock_own_run(params.run_id, conn.runner_pk)
+        if found is None:
+            current_runner(conn, lock=False)  # a fenced caller hears that first
             raise RpcError(NO_SUCH_RUN, f"runId: no run {params.run_id!r} of this runner")
+        run, revoked, generation = found
+        check_fence(conn, revoked, generation)
         first = params.from_
         if run.is_terminal and first + len(rows) - 1 > run.emitted:
             # A finished run's stream and output are final: only exact replays (checked
@@ -226,7 +230,7 @@ def _append(conn: Connection, params: RunEventParams, rows, usages) -> tuple[dic
                 next_sequence += 1
                 next_index += 1
                 values.append((run.pk, next_sequence, next_index, now, row))
-            insert_events(values)
+            event_store.insert_events(values)
             fields = ["last_sequence", "emitted", "updated_at"]
             for event in params.events[replayed:]:
                 # "A result event sets the run's output", kept whole (not truncated).
@@ -242,7 +246,7 @@ def _append(conn: Connection, params: RunEventParams, rows, usages) -> tuple[dic
             run.last_sequence = next_sequence
             run.emitted = next_index
             run.updated_at = now
-            run.save(update_fields=fields)
+            event_store.save_run_fields(run, fields)
             fresh_usage = [usage for index, usage in usages.items() if index >= replayed]
             if fresh_usage and rollups.enabled():
                 budgeted = rollups.usage_added(run, _usage_totals(fresh_usage))
@@ -261,104 +265,6 @@ def _append(conn: Connection, params: RunEventParams, rows, usages) -> tuple[dic
     if fresh:
         metrics.events_stored(len(fresh))
     return answer, due
-
-
-_EVENT_COLUMNS = (
-    "run_id",
-    "sequence",
-    "runner_index",
-    "created_at",
-    "kind",
-    "text",
-    "tool_name",
-    "tool_call_id",
-    "input",
-    "tool_output",
-    "success",
-    "error",
-    "truncated",
-    "actor",
-)
-_EVENT_JSON = ("input", "tool_output")
-_PG_ARRAY_TYPES = (
-    "bigint",
-    "bigint",
-    "bigint",
-    "timestamptz",
-    "text",
-    "text",
-    "text",
-    "text",
-    "jsonb",
-    "jsonb",
-    "boolean",
-    "text",
-    "boolean",
-    "text",
-)
-
-
-def insert_events(values: list[tuple]) -> None:
-    """Insert runner events with as few statements as possible.
-
-    The ORM's bulk_create spent most of an append preparing values field by field; this
-    path is the hot one (ingest), so it prepares only what needs preparing: JSON and time.
-    """
-    quote = connection.ops.quote_name
-    table = quote(Event._meta.db_table)
-    columns = ", ".join(quote(name) for name in _EVENT_COLUMNS)
-    placeholders = ", ".join(["%s"] * len(_EVENT_COLUMNS))
-    json_field = {name: Event._meta.get_field(name) for name in _EVENT_JSON}
-    created = Event._meta.get_field("created_at")
-    rows = []
-    stamps = {}
-    for run_pk, sequence, runner_index, now, row in values:
-        stamp = stamps.get(now)
-        if stamp is None:
-            stamp = stamps[now] = created.get_db_prep_save(now, connection)
-        json_values = [
-            None if row[name] is None else json_field[name].get_db_prep_save(row[name], connection)
-            for name in _EVENT_JSON
-        ]
-        rows.append(
-            (
-                run_pk,
-                sequence,
-                runner_index,
-                stamp,
-                row["kind"],
-                row["text"],
-                row["tool_name"],
-                row["tool_call_id"],
-                json_values[0],
-                json_values[1],
-                row["success"],
-                row["error"],
-                row["truncated"],
-                "",
-            )
-        )
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            # One array per column: constant statement size, nothing for the client-side
-            # binder to split, however many events the frame carries.
-            casts = ", ".join(f"%s::{kind}[]" for kind in _PG_ARRAY_TYPES)
-            cursor.execute(
-                f"INSERT INTO {table} ({columns}) SELECT * FROM unnest({casts})",
-                [list(column) for column in zip(*rows, strict=True)],
-            )
-            return
-        # SQLite: a multi-row INSERT per chunk, under its bound-variable limit.
-        for start in range(0, len(rows), _INSERT_CHUNK):
-            chunk = rows[start : start + _INSERT_CHUNK]
-            values_sql = ", ".join([f"({placeholders})"] * len(chunk))
-            cursor.execute(
-                f"INSERT INTO {table} ({columns}) VALUES {values_sql}",
-                [value for row in chunk for value in row],
-            )
-
-
-_INSERT_CHUNK = 500
 
 
 def finish_run(conn: Connection, params: RunFinishParams) -> dict:

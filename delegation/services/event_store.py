@@ -1,0 +1,156 @@
+"""The SQL of the ingest hot path: lock the run a frame appends to, insert its events, advance
+the run. Every ``run.event`` frame runs these three statements and little else, so they skip
+the ORM's query compiler and go to the driver directly: ``COPY`` on PostgreSQL, one multi-row
+``INSERT`` on SQLite (``python -m bench ingest`` measures both against the driver's own bulk
+insert of the same rows).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from functools import cache
+
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+
+from delegation.models import Event, Run, Runner
+
+EVENT_COLUMNS = (
+    "run_id",
+    "sequence",
+    "runner_index",
+    "created_at",
+    "kind",
+    "text",
+    "tool_name",
+    "tool_call_id",
+    "input",
+    "tool_output",
+    "success",
+    "error",
+    "truncated",
+    "actor",
+)
+_EVENT_JSON = ("input", "tool_output")
+
+# What appending needs of the run (the rest stays deferred on the instance: reading it loads
+# it, and a save writes only what was loaded), then of its runner, for the fence check.
+# In the model's field order, which Model.from_db expects.
+_RUN_FIELDS = tuple(
+    field.attname
+    for field in Run._meta.concrete_fields
+    if field.attname
+    in {"id", "runner_id", "root_id", "parent_id", "status", "emitted", "last_sequence"}
+)
+
+
+@cache
+def _sql(vendor: str) -> dict[str, str]:
+    """The statements, quoted for ``vendor`` once per process."""
+    quote = connection.ops.quote_name
+    run, runner = Run._meta, Runner._meta
+    columns = ", ".join(f"r.{quote(run.get_field(name).column)}" for name in _RUN_FIELDS)
+    # OF r: PostgreSQL locks the run only; the runner row is read, as current_runner does.
+    lock = " FOR UPDATE OF r" if vendor == "postgresql" else ""
+    return {
+        "lock": (
+            f"SELECT {columns}, u.{quote('revoked_at')}, u.{quote('connection_generation')} "
+            f"FROM {quote(run.db_table)} r JOIN {quote(runner.db_table)} u "
+            f"ON u.{quote('id')} = r.{quote('runner_id')} "
+            f"WHERE r.{quote('run_id')} = %s AND r.{quote('runner_id')} = %s{lock}"
+        ),
+        "update": f"UPDATE {quote(run.db_table)} SET {{}} WHERE {quote('id')} = %s",
+        "events": f"{quote(Event._meta.db_table)} ({', '.join(map(quote, EVENT_COLUMNS))})",
+    }
+
+
+@cache
+def _assignments(vendor: str, names: tuple[str, ...]) -> str:
+    quote = connection.ops.quote_name
+    return ", ".join(f"{quote(Run._meta.get_field(name).column)} = %s" for name in names)
+
+
+def lock_own_run(run_id: str, runner_pk: int) -> tuple[Run, bool, int] | None:
+    """The caller's run ``run_id``, locked for this transaction, with its runner's fence state
+    (revoked, connection generation); None if the runner has no such run."""
+    with connection.cursor() as cursor:
+        cursor.execute(_sql(connection.vendor)["lock"], [run_id, runner_pk])
+        found = cursor.fetchone()
+    if found is None:
+        return None
+    run = Run.from_db(connection.alias, _RUN_FIELDS, found[: len(_RUN_FIELDS)])
+    revoked_at, generation = found[len(_RUN_FIELDS) :]
+    return run, revoked_at is not None, generation
+
+
+def save_run_fields(run: Run, names: list[str]) -> None:
+    """``run.save(update_fields=names)`` in one UPDATE, compiled once per set of fields."""
+    db = connections[DEFAULT_DB_ALIAS]  # once: each access through the proxy looks it up
+    values = []
+    for name in names:
+        field = Run._meta.get_field(name)
+        values.append(field.get_db_prep_save(getattr(run, field.attname), db))
+    sql = _sql(db.vendor)["update"].format(_assignments(db.vendor, tuple(names)))
+    with db.cursor() as cursor:
+        cursor.execute(sql, [*values, run.pk])
+
+
+def insert_events(values: list[tuple]) -> None:
+    """Insert runner events, given as (run pk, sequence, runner index, created_at, row).
+
+    Only JSON and time need preparing; the rest goes to the driver as it is.
+    """
+    db = connections[DEFAULT_DB_ALIAS]
+    json_fields = [Event._meta.get_field(name) for name in _EVENT_JSON]
+    created = Event._meta.get_field("created_at")
+    rows = []
+    stamps = {}
+    for run_pk, sequence, runner_index, now, row in values:
+        stamp = stamps.get(now)
+        if stamp is None:
+            stamp = stamps[now] = created.get_db_prep_save(now, db)
+        rows.append(
+            (
+                run_pk,
+                sequence,
+                runner_index,
+                stamp,
+                row["kind"],
+                row["text"],
+                row["tool_name"],
+                row["tool_call_id"],
+                *[
+                    None if row[field.name] is None else field.get_db_prep_save(row[field.name], db)
+                    for field in json_fields
+                ],
+                row["success"],
+                row["error"],
+                row["truncated"],
+                "",
+            )
+        )
+    db.ensure_connection()
+    driver = db.connection
+    target = _sql(db.vendor)["events"]
+    # The driver directly, inside Django's transaction, with Django's error classes.
+    with db.wrap_database_errors:
+        if db.vendor == "postgresql":
+            with driver.cursor() as cursor:
+                with cursor.copy(f"COPY {target} FROM STDIN") as copy:
+                    for row in rows:
+                        copy.write_row(row)
+            return
+        # One multi-row INSERT per chunk rather than executemany: sqlite3 lets go of the GIL
+        # around every statement it steps, and a frame's hundred hand-offs to the socket
+        # thread cost more than the inserts themselves.
+        per_chunk = driver.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(EVENT_COLUMNS)
+        for start in range(0, len(rows), per_chunk):
+            chunk = rows[start : start + per_chunk]
+            driver.execute(
+                _sqlite_insert_sql(target, len(chunk)), [value for row in chunk for value in row]
+            )
+
+
+@cache
+def _sqlite_insert_sql(target: str, count: int) -> str:
+    row = "(" + ", ".join("?" * len(EVENT_COLUMNS)) + ")"
+    return f"INSERT INTO {target} VALUES " + ", ".join([row] * count)
