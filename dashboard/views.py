@@ -216,7 +216,7 @@ def tree(request, run_id):
 @viewer_required
 def run_detail(request, run_id):
     run = _run_or_404(run_id)
-    live = selectors.live_descendants(run)
+    live = selectors.live_descendant_count(run)
     result = selectors.snapshot(run)
     del result["events"]
     held = selectors.leases_held_by(run)
@@ -245,8 +245,8 @@ def run_detail(request, run_id):
                 "cancelled",
             )
         ],
-        live_descendants=len(live),
-        stop_subtree=len(live) + (0 if run.is_terminal else 1),
+        live_descendants=live,
+        stop_subtree=live + (0 if run.is_terminal else 1),
         held_leases=[
             {"lease": lease, "expires_ms": _ms(lease.expires_at), "live": lease.is_live()}
             for lease in held

@@ -150,6 +150,26 @@ async def test_it_shows_a_run_with_its_result_fields_and_role_appropriate_contro
     await database_sync_to_async(check)()
 
 
+async def test_it_counts_only_unfinished_runs_below_a_run_on_its_page(runner, viewer_client):
+    child, grandchild = await make_tree(runner)
+    second = await runner.start(request_id="c2")
+    finished = await runner.start(run_id=second["runId"], request_id="f1")
+    await runner.finish(finished["runId"])
+
+    def live_below(run_id: str) -> int:
+        page = viewer_client.get(f"/runs/{run_id}/").content.decode()
+        return int(re.search(r'data-role="live-descendants">(\d+)<', page).group(1))
+
+    def check():
+        # A root counts its whole tree; a branch only its own runs, finished ones left out.
+        assert live_below("root-1") == 3  # child, grandchild, second
+        assert live_below(child) == 1
+        assert live_below(second["runId"]) == 0
+        assert live_below(grandchild) == 0
+
+    await database_sync_to_async(check)()
+
+
 @pytest.mark.django_db
 def test_it_refuses_outsiders_and_sends_strangers_to_sign_in(outsider_client):
     anonymous = Client()

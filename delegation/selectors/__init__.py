@@ -48,6 +48,7 @@ from delegation.selectors.runs import (
 )
 from delegation.selectors.trees import (
     column_rows,
+    live_descendant_count,
     live_descendants,
     preorder,
     root_pks_by_run_id,
@@ -99,6 +100,7 @@ __all__ = [
     "launch_choices",
     "leases_held_by",
     "leases_matching",
+    "live_descendant_count",
     "live_descendants",
     "live_event",
     "live_event_row",

@@ -69,6 +69,21 @@ def live_descendants(run: Run) -> list[Run]:
     return [r for r in subtree_runs(run) if r.pk != run.pk and r.status not in TERMINAL_STATUSES]
 
 
+def live_descendant_count(run: Run) -> int:
+    """How many runs below ``run`` are not finished, without loading them: a root's whole
+    tree is one indexed count; a branch reads three columns of the runs below its depth."""
+    if run.root_id is None:
+        return Run.objects.filter(root_id=run.pk).live().count()
+    below = Run.objects.filter(root_id=run.root_id, depth__gt=run.depth).order_by("depth", "id")
+    branch, _keep = _branch(
+        below.values_list("pk", "parent_id", "status"),
+        run.pk,
+        lambda row: row[0],
+        lambda row: row[1],
+    )
+    return sum(1 for row in branch if row[2] not in TERMINAL_STATUSES)
+
+
 def tree_rows(top: Run, only_pks=None) -> list[dict]:
     """Compact rows for ``top``'s subtree (the whole tree when ``top`` is a root).
 
