@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -155,9 +156,17 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             await self._shut_down()
 
     async def dispatch(self, message):
-        """The frame boundary: an unexpected error answers -32603 and the socket lives on."""
+        """The frame boundary: an unexpected error answers -32603 and the socket lives on.
+
+        channels' own dispatch first hops to the database thread to close obsolete
+        connections, once a message; every database call here goes through
+        database_sync_to_async, which does that around the call itself, so the hop (half
+        the thread switches of a run.event) is left out."""
         try:
-            await super().dispatch(message)
+            handler = getattr(self, get_handler_name(message), None)
+            if handler is None:
+                raise ValueError(f"no handler for message type {message['type']}")
+            await handler(message)
         except (StopConsumer, asyncio.CancelledError):
             raise
         except Exception:

@@ -32,15 +32,16 @@ EVENT_COLUMNS = (
 )
 _EVENT_JSON = ("input", "tool_output")
 
-# What appending needs of the run (the rest stays deferred on the instance: reading it loads
-# it, and a save writes only what was loaded), then of its runner, for the fence check.
-# In the model's field order, which Model.from_db expects.
+# What appending needs of the run, usage rollups' ancestry included (the rest stays deferred
+# on the instance: reading it loads it, and a save writes only what was loaded), then of its
+# runner, for the fence check. In the model's field order, which Model.from_db expects.
 _RUN_FIELDS = tuple(
     field.attname
     for field in Run._meta.concrete_fields
     if field.attname
-    in {"id", "runner_id", "root_id", "parent_id", "status", "emitted", "last_sequence"}
+    in {"id", "runner_id", "root_id", "parent_id", "status", "emitted", "last_sequence", "ancestry"}
 )
+_ANCESTRY = _RUN_FIELDS.index("ancestry")
 
 
 @cache
@@ -77,7 +78,10 @@ def lock_own_run(run_id: str, runner_pk: int) -> tuple[Run, bool, int] | None:
         found = cursor.fetchone()
     if found is None:
         return None
-    run = Run.from_db(connection.alias, _RUN_FIELDS, found[: len(_RUN_FIELDS)])
+    values = list(found[: len(_RUN_FIELDS)])
+    ancestry = Run._meta.get_field("ancestry")
+    values[_ANCESTRY] = ancestry.from_db_value(values[_ANCESTRY], None, connection)
+    run = Run.from_db(connection.alias, _RUN_FIELDS, values)
     revoked_at, generation = found[len(_RUN_FIELDS) :]
     return run, revoked_at is not None, generation
 
