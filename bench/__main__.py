@@ -422,7 +422,9 @@ def memory():
     try:
         token = db.runner_token("idle")
         api_token = json.loads(db.python("bench.seed", "operator"))["apiToken"]
-        server = Server(db)
+        # One bench account holds every socket: lift the per-user cap (20) that would
+        # otherwise close all but the first twenty with 4429.
+        server = Server(db, LIVE_MAX_SOCKETS_PER_USER=str(IDLE_SOCKETS))
         try:
             run_id = asyncio.run(_open_run(server.ws, token))
             results["memory_mb_idle_server"] = round(server.rss_mb(), 1)
