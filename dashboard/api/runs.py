@@ -289,8 +289,8 @@ class TreeQuery(Schema):
     "/runs/{runId}/tree",
     response={200: TreeNode, **READ},
     summary="A run and its subtree, nested",
-    description="Three queries whatever the size of the tree (the run, its subtree through "
-    "the tree's root, and child counts by aggregation).",
+    description="Streamed. A few queries for the run and the shape of its subtree (ids "
+    "only, through the tree's root), then one per 5,000 runs for their rows.",
 )
 @strict_query(TreeQuery)
 def get_tree(request, runId: str, params: Query[TreeQuery]):  # noqa: N803
@@ -318,7 +318,9 @@ async def _in_thread(chunks):
         yield chunk
 
 
-TREE_BATCH = 2000
+# Rows read and written a batch at a time: few queries for a 10,000-run tree, bounded
+# memory for 100,000.
+TREE_BATCH = 5000
 
 
 def _tree_json(run, levels, top_parent, root_run_id, usage=False):
