@@ -85,25 +85,25 @@ def driver_ceiling(rows: int, batch: int, writers: int = 1) -> dict:
     connection.close()  # each writer thread opens its own
     share = rows // writers
     now = timezone.now()
+    target = f"{Event._meta.db_table} ({', '.join(event_store.EVENT_COLUMNS)})"
+    placeholders = ", ".join("?" * len(event_store.EVENT_COLUMNS))
 
     def write(run: Run):
         connection.ensure_connection()
         raw = connection.connection
-        columns = ", ".join(event_store.EVENT_COLUMNS)
+        stamp = connection.ops.adapt_datetimefield_value(now)  # SQLite stores it as text
         for first in range(1, share + 1, batch):
             numbers = range(first, min(share, first + batch - 1) + 1)
             if connection.vendor == "postgresql":
                 with raw.cursor() as cursor:
-                    with cursor.copy(f"COPY delegation_event ({columns}) FROM STDIN") as copy:
+                    with cursor.copy(f"COPY {target} FROM STDIN") as copy:
                         for n in numbers:
                             copy.write_row((run.pk, n, n, now, "text-delta", TEXT, *_NO_FIELDS))
             else:
-                stamp = connection.ops.adapt_datetimefield_value(now)
-                placeholders = ", ".join("?" * len(event_store.EVENT_COLUMNS))
                 cursor = raw.cursor()
                 cursor.execute("BEGIN")  # Django left the driver in autocommit
                 cursor.executemany(
-                    f"INSERT INTO delegation_event ({columns}) VALUES ({placeholders})",
+                    f"INSERT INTO {target} VALUES ({placeholders})",
                     [(run.pk, n, n, stamp, "text-delta", TEXT, *_NO_FIELDS) for n in numbers],
                 )
             raw.commit()
