@@ -18,7 +18,8 @@ from delegation.services import run_tokens
 from delegation.services.base import Connection
 from delegation.services.children import Caller
 from delegation.services.run_tokens import RunCaller
-from delegation.wire import Params, parse_model
+from delegation.wire.decode import parse_model
+from delegation.wire.schemas import Params
 
 # Also accepted under MCP's own _meta naming rules (a reverse-DNS prefix and a slash).
 META_KEYS = (depthlib.META_KEY, "dev.pando/delegationDepth")
