@@ -88,6 +88,8 @@ def build_server() -> MCPServer:
 
 
 def _add_delegate(server: MCPServer) -> None:
+    # Long because the tool's signature is its published schema: each argument carries the
+    # description an agent reads, so they stay here, next to the code that uses them.
     @server.tool(
         name="delegate",
         description=(
