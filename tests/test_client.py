@@ -744,7 +744,7 @@ async def test_it_refuses_an_event_too_big_for_a_frame_without_wedging_the_strea
 
 
 def test_it_turns_agent_lines_into_events():
-    from delegation.runner.command import fit, line_event
+    from delegation.runner.formats.lines import fit, line_event
 
     assert line_event("hello") == {"kind": "text", "text": "hello"}
     assert line_event('{"kind": "tool-use", "toolName": "grep", "input": {"q": 1}, "x": 2}') == {

@@ -15,9 +15,10 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from delegation.client import McpToken
-from delegation.runner.command import CommandEngine, CommandPreset, load_config
+from delegation.runner.command import CommandEngine, CommandPreset
 from delegation.runner.host import RunnerHost
 from delegation.runner.mcpconfig import McpConfigFile
+from delegation.runner.presets import load_config
 from delegation.services import tokens
 from tests import live_server
 from tests.agents.model_stub import ModelStub, Text
