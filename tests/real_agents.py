@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.agents.claude_cli import claude_bin, offline_env
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "how-to" / "connect-claude-codex-gemini.md"
 MARKER = "<!-- real-agent-presets -->"
 
 
@@ -21,7 +21,7 @@ def readme_presets() -> dict:
     text = README.read_text(encoding="utf-8")
     after = text.split(MARKER, 1)[1]
     block = re.match(r"\s*```json\n(.*?)\n```", after, re.S)
-    assert block, f"no ```json block right after {MARKER} in README.md"
+    assert block, f"no ```json block right after {MARKER} in {README}"
     return json.loads(block.group(1))
 
 

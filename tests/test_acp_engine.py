@@ -363,7 +363,9 @@ async def test_it_keeps_every_event_of_a_fast_agent_in_order(harness):
 
 
 def test_it_reads_the_documented_acp_presets_and_refuses_bad_ones():
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (
+        Path(__file__).resolve().parent.parent / "docs" / "how-to" / "connect-an-acp-agent.md"
+    ).read_text()
     block = next(
         b.split("```", 1)[0]
         for b in readme.split("```json\n")[1:]

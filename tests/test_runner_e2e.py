@@ -664,7 +664,7 @@ def test_it_serves_a_growing_demo_tree_and_stops_cleanly_on_ctrl_c():
 
 def doc_block(language: str, starts_with: str) -> str:
     """A code block of the README's "Connecting your own agent" section, as shown there."""
-    text = (BASE_DIR / "README.md").read_text()
+    text = (BASE_DIR / "docs" / "how-to" / "connect-a-cli-agent.md").read_text()
     for block in text.split(f"```{language}\n")[1:]:
         body = block.split("```", 1)[0]
         if body.startswith(starts_with):
