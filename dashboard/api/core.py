@@ -27,9 +27,8 @@ from ninja.security.base import AuthBase
 from ninja.utils import check_csrf
 from pydantic import Field
 
-from delegation import errors as rpc
 from delegation import roles
-from delegation.errors import PermissionRefused, RpcError
+from delegation.errors import PermissionRefused, RpcError, http_status
 from delegation.services import operator, tokens
 from delegation.wire import loads_strict
 
@@ -66,25 +65,6 @@ class ApiError(Exception):
         self.message = message
         self.rpc_code = rpc_code
 
-
-# SPEC §6 codes -> (HTTP status, envelope code). Anything else is a 400.
-RPC_STATUS = {
-    rpc.PARSE_ERROR: (400, "bad_request"),
-    rpc.INVALID_REQUEST: (400, "bad_request"),
-    rpc.INVALID_PARAMS: (422, "invalid"),
-    rpc.NOT_OWNED: (404, "not_found"),
-    rpc.NO_SUCH_RUN: (404, "not_found"),
-    rpc.DEPTH_LIMIT: (409, "conflict"),
-    rpc.ADMISSION_REFUSED: (409, "conflict"),
-    rpc.PRESET_STALE: (409, "conflict"),
-    rpc.REQUEST_ID_REUSED: (409, "conflict"),
-    rpc.PARENT_NOT_RUNNING: (409, "conflict"),
-    rpc.LEASE_GONE: (409, "conflict"),
-    rpc.RELEASE_UNCONFIRMED: (409, "conflict"),
-    rpc.BUDGET_EXHAUSTED: (409, "conflict"),
-    rpc.NOT_REGISTERED: (409, "conflict"),
-    rpc.STALE_CONNECTION: (409, "conflict"),
-}
 
 ERRORS_DOC = """
 **Errors.** Every error answers `{"error": {"code": ..., "message": ...}}`; `message` names the
@@ -209,12 +189,13 @@ def install_error_handlers(api: NinjaAPI) -> None:
 
     @api.exception_handler(RpcError)
     def _rpc(request, exc: RpcError):
-        status, code = RPC_STATUS.get(exc.code, (400, "bad_request"))
+        status, code = http_status(exc)
         return respond(request, status, code, exc.message, exc.code)
 
     @api.exception_handler(PermissionRefused)
     def _refused(request, exc):
-        return respond(request, 403, "forbidden", str(exc))
+        status, code = http_status(exc)
+        return respond(request, status, code, str(exc))
 
     @api.exception_handler(Http404)
     def _not_found(request, exc):
