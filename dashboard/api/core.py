@@ -116,8 +116,26 @@ def _rule(item: dict) -> str:
     return item["msg"]
 
 
+# operationIds are published (clients generate code from them), and ninja derives them from
+# the view's module. These modules hold operations that lived in another before the routers
+# were split per resource; their ids keep the module they were published under.
+_PUBLISHED_MODULE = {
+    "dashboard.api.run_actions": "dashboard.api.runs",
+    "dashboard.api.sessions": "dashboard.api.resources",
+    "dashboard.api.leases": "dashboard.api.resources",
+    "dashboard.api.runners": "dashboard.api.resources",
+    "dashboard.api.audit": "dashboard.api.resources",
+}
+
+
 class CanopyAPI(NinjaAPI):
-    """NinjaAPI with validation messages that keep the one fact ninja drops: a ``null``."""
+    """NinjaAPI with validation messages that keep the one fact ninja drops (a ``null``), and
+    operationIds that do not move when code moves between modules."""
+
+    def get_openapi_operation_id(self, operation) -> str:
+        module = operation.view_func.__module__
+        module = _PUBLISHED_MODULE.get(module, module)
+        return f"{module}_{operation.view_func.__name__}".replace(".", "_")
 
     def validation_error_from_error_contexts(self, error_contexts) -> ValidationError:
         problems = []
@@ -205,6 +223,28 @@ def install_error_handlers(api: NinjaAPI) -> None:
     def _crash(request, exc):
         log.exception("REST API error on %s %s", request.method, request.path)
         return respond(request, 500, "internal_error", "internal error; see the server log")
+
+
+# --- What every router shares ----------------------------------------------------------------
+
+# The error answers each kind of operation documents.
+READ = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut}
+LIST = {401: ErrorOut, 403: ErrorOut, 422: ErrorOut}
+ACT = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut}
+
+
+def has_nul(*values) -> bool:
+    """PostgreSQL text cannot hold NUL: such a filter matches nothing, so answer that."""
+    for value in values:
+        if isinstance(value, str) and "\x00" in value:
+            return True
+        if isinstance(value, list) and has_nul(*value):
+            return True
+    return False
+
+
+class NoParams(Schema):
+    pass
 
 
 # --- Authentication ---------------------------------------------------------------------------
