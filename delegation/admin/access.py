@@ -6,11 +6,7 @@ from django.contrib import admin
 
 from delegation import roles
 from delegation.admin.base import AdminOnly, RoleAdmin
-from delegation.models import (
-    ApiToken,
-    AuditEntry,
-    RunToken,
-)
+from delegation.models import ApiToken, AuditEntry, RunToken
 
 
 @admin.register(AuditEntry)

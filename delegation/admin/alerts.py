@@ -8,12 +8,7 @@ from django.contrib import admin, messages
 from delegation import roles
 from delegation.admin.base import AdminOnly, ReadOnlyInline, admin_actor, report_outcomes
 from delegation.errors import PermissionRefused, RpcError
-from delegation.models import (
-    ALERT_KINDS,
-    Webhook,
-    WebhookAttempt,
-    WebhookDelivery,
-)
+from delegation.models import ALERT_KINDS, Webhook, WebhookAttempt, WebhookDelivery
 from delegation.services import alerts
 
 

@@ -6,9 +6,7 @@ from django.contrib import admin
 
 from delegation.admin.base import RoleAdmin, admin_actor, report_outcomes
 from delegation.errors import PermissionRefused, RpcError
-from delegation.models import (
-    Lease,
-)
+from delegation.models import Lease
 from delegation.services.operator import do_release_lease
 
 

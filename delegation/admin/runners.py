@@ -5,11 +5,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from delegation.admin.base import ReadOnlyInline, RoleAdmin
-from delegation.models import (
-    Command,
-    ExtensionPreset,
-    Runner,
-)
+from delegation.models import Command, ExtensionPreset, Runner
 
 
 class PresetInline(ReadOnlyInline):

@@ -13,14 +13,7 @@ from django.utils.html import format_html
 
 from delegation.admin.base import RoleAdmin, admin_actor, report_outcomes
 from delegation.errors import PermissionRefused, RpcError
-from delegation.models import (
-    Budget,
-    Event,
-    Run,
-    RunRollup,
-    Session,
-    SteerReceipt,
-)
+from delegation.models import Budget, Event, Run, RunRollup, Session, SteerReceipt
 from delegation.protocol import MAX_STEER_BYTES
 from delegation.services.budgets import do_set_budget
 from delegation.services.operator import do_cancel_run, do_steer_run
