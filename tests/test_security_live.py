@@ -17,6 +17,7 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.sessions.models import Session
 from django.utils import timezone
 
+from dashboard.live import backpressure as live_backpressure
 from dashboard.live import consumer as live_consumer
 from dashboard.live import frames as live_frames
 from delegation import models, protocol
@@ -268,8 +269,8 @@ async def test_it_answers_a_ping_sent_while_the_socket_is_backlogged(operator, m
     backlog = {"bytes": None}
     # Under the test communicator no transport buffer is visible; this stands in for daphne's
     # view of a client that stopped reading (the outer boundary: the TCP socket).
-    monkeypatch.setattr(live_consumer, "_unsent_bytes", lambda send: backlog["bytes"])
-    monkeypatch.setattr(live_consumer, "DRAIN_POLL_SECONDS", 0.01)
+    monkeypatch.setattr(live_backpressure, "unsent_bytes", lambda send: backlog["bytes"])
+    monkeypatch.setattr(live_backpressure, "DRAIN_POLL_SECONDS", 0.01)
     ws = await browser(operator)
     await opened(ws)
     backlog["bytes"] = 10**9

@@ -97,20 +97,20 @@ async def test_it_shows_the_full_request_and_who_started_the_run(runner, viewer)
 
 
 async def test_it_streams_a_compact_snapshot_in_chunks_and_rows_after_it(runner, operator):
-    from dashboard.live import consumer
+    from dashboard.live import trees
 
     await runner.open("root-1")
     kids = [
         (await runner.start(request_id=f"req-{i}", message=f"task {i}"))["runId"] for i in range(5)
     ]
     ws = await operator_socket(operator)
-    previous = consumer.TREE_READ_CHUNK, consumer.TREE_FIRST_CHUNK
-    consumer.TREE_READ_CHUNK = consumer.TREE_FIRST_CHUNK = 2
+    previous = trees.TREE_READ_CHUNK, trees.TREE_FIRST_CHUNK
+    trees.TREE_READ_CHUNK = trees.TREE_FIRST_CHUNK = 2
     try:
         await ws.send_json_to({"type": "subscribe", "treeId": "root-1", "compact": True})
         frames = await until(ws, lambda f: f["type"] == "treeCols" and not f["more"])
     finally:
-        consumer.TREE_READ_CHUNK, consumer.TREE_FIRST_CHUNK = previous
+        trees.TREE_READ_CHUNK, trees.TREE_FIRST_CHUNK = previous
     chunks = [f for f in frames if f["type"] == "treeCols"]
     assert [len(f["columns"]["pk"]) for f in chunks] == [2, 2, 2]
     run_ids = [rid for f in chunks for rid in f["columns"]["runId"]]
