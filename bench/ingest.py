@@ -26,13 +26,14 @@ async def _ingest(url: str, tokens: list[str]) -> float:
     return statistics.median(rates)
 
 
-async def _ingest_round(url: str, tokens: list[str], round_: int) -> float:
+async def _race(url: str, tokens: list[str], prepare) -> float:
+    """Events per second with every runner sending at once: each connects and ``prepare``s
+    its run (returning the run id and a frame's events), then all send INGEST_FRAMES frames
+    together, each frame waiting for the last one's answer as a runner's does."""
+
     async def one(index: int, token: str):
         runner = await Runner.connect(url, token)
-        await runner.register()
-        run_id = f"ingest-{round_}-{index}"
-        await runner.call("run.open", {"conversationId": f"c-{run_id}", "runId": run_id})
-        events = [{"kind": "text-delta", "text": TEXT} for _ in range(INGEST_BATCH)]
+        run_id, events = await prepare(index, runner)
         await ready.wait()
         for frame in range(INGEST_FRAMES):
             await runner.call(
@@ -47,6 +48,17 @@ async def _ingest_round(url: str, tokens: list[str], round_: int) -> float:
     ready.set()
     await asyncio.gather(*tasks)
     return len(tokens) * INGEST_FRAMES * INGEST_BATCH / (time.perf_counter() - started)
+
+
+async def _ingest_round(url: str, tokens: list[str], round_: int) -> float:
+    async def prepare(index: int, runner: Runner):
+        await runner.register()
+        run_id = f"ingest-{round_}-{index}"
+        await runner.call("run.open", {"conversationId": f"c-{run_id}", "runId": run_id})
+        events = [{"kind": "text-delta", "text": TEXT} for _ in range(INGEST_BATCH)]
+        return run_id, events
+
+    return await _race(url, tokens, prepare)
 
 
 def ingest(kind: str):
@@ -96,8 +108,7 @@ ROLLUP_LEVELS = 2
 
 
 async def _rollup_round(url: str, tokens: list[str], tag: str) -> float:
-    async def one(index: int, token: str):
-        runner = await Runner.connect(url, token)
+    async def prepare(index: int, runner: Runner):
         await runner.register([ROLLUP_EXTENSION])
         root = f"rollup-{tag}-{index}"
         await runner.call("run.open", {"conversationId": f"c-{root}", "runId": root})
@@ -129,20 +140,9 @@ async def _rollup_round(url: str, tokens: list[str], tag: str) -> float:
             else {"kind": "text-delta", "text": TEXT}
             for i in range(INGEST_BATCH)
         ]
-        await ready.wait()
-        for frame in range(INGEST_FRAMES):
-            await runner.call(
-                "run.event", {"runId": run_id, "from": frame * INGEST_BATCH + 1, "events": events}
-            )
-        await runner.ws.close()
+        return run_id, events
 
-    ready = asyncio.Event()
-    tasks = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(tokens)]
-    await asyncio.sleep(0.5)
-    started = time.perf_counter()
-    ready.set()
-    await asyncio.gather(*tasks)
-    return len(tokens) * INGEST_FRAMES * INGEST_BATCH / (time.perf_counter() - started)
+    return await _race(url, tokens, prepare)
 
 
 def ingest_rollups():
