@@ -1,9 +1,13 @@
-"""Chromium for the tree measures, and waiting on a page under its CSP."""
+"""Chromium for the tree measures (the suite's: Debian's chromium with the same flags), and
+waiting on a page under its CSP."""
 
 from __future__ import annotations
 
-import os
 import time
+
+from tests.support.browser import launch as chromium
+
+__all__ = ["chromium", "poll"]
 
 
 def poll(page, expression: str, timeout: float = 120.0):
@@ -16,18 +20,3 @@ def poll(page, expression: str, timeout: float = 120.0):
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out waiting for {expression}")
         time.sleep(0.01)
-
-
-def chromium(playwright):
-    return playwright.chromium.launch(
-        executable_path=os.environ.get("CHROMIUM", "/usr/bin/chromium"),
-        args=[
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            "--disable-quic",
-        ],
-    )
