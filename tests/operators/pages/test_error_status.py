@@ -7,7 +7,7 @@ import json
 import pytest
 
 from delegation.models import Budget
-from tests.personas import signed_in
+from tests.support.personas import signed_in
 from tests.test_api_support import as_, world  # noqa: F401
 
 pytestmark = pytest.mark.django_db
