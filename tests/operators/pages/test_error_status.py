@@ -1,6 +1,5 @@
 """One refusal, one HTTP status: the run page's form and the REST API map a service's error
 through the same table (``delegation.errors.http_status``)."""
-# ruff: noqa: F811 - pytest fixtures are imported from tests.test_api_support
 
 import json
 
@@ -8,7 +7,6 @@ import pytest
 
 from delegation.models import Budget
 from tests.support.personas import signed_in
-from tests.test_api_support import as_, world  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 
