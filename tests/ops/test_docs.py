@@ -139,30 +139,56 @@ def _is_environ(node: ast.AST) -> bool:
     )
 
 
+def _is_read(node: ast.AST) -> ast.AST | None:
+    """The expression naming the variable ``node`` reads from the environment, if it is a
+    read: ``os.environ.get(X)``, ``os.getenv(X)``, ``os.environ[X]`` or ``X in os.environ``."""
+    if isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Attribute):
+        func = node.func
+        if (_is_environ(func.value) and func.attr in ("get", "pop", "setdefault")) or (
+            func.attr == "getenv" and getattr(func.value, "id", "") == "os"
+        ):
+            return node.args[0]
+    elif isinstance(node, ast.Subscript) and _is_environ(node.value):
+        return node.slice
+    elif (
+        isinstance(node, ast.Compare)
+        and len(node.ops) == 1
+        and isinstance(node.ops[0], ast.In | ast.NotIn)
+        and _is_environ(node.comparators[0])
+    ):
+        return node.left
+    return None
+
+
+def _helpers(tree: ast.Module) -> dict[str, int]:
+    """Functions of the module that read the variable one of their parameters names
+    (``env_int(name, ...)``, ``secret_from_file(name)``): name -> that parameter's position."""
+    found = {}
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef):
+            continue
+        params = [arg.arg for arg in function.args.args]
+        for node in ast.walk(function):
+            read = _is_read(node)
+            if isinstance(read, ast.Name) and read.id in params:
+                found[function.name] = params.index(read.id)
+    return found
+
+
 def _read_names(tree: ast.Module) -> list[ast.AST]:
-    """The expressions naming a variable read: ``env_*("X", ...)``, ``os.environ.get(X)``,
-    ``os.getenv(X)``, ``os.environ[X]`` and ``X in os.environ``."""
+    """The expressions naming a variable read: the direct reads, and the first argument of a
+    call to a helper that reads the variable it is given (every ``env_*`` helper included)."""
+    helpers = _helpers(tree)
     names = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and node.args:
-            func = node.func
-            helper = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
-            if isinstance(func, ast.Name) and helper.startswith("env_"):
-                names.append(node.args[0])
-            elif isinstance(func, ast.Attribute) and (
-                (_is_environ(func.value) and func.attr in ("get", "pop", "setdefault"))
-                or (func.attr == "getenv" and getattr(func.value, "id", "") == "os")
-            ):
-                names.append(node.args[0])
-        elif isinstance(node, ast.Subscript) and _is_environ(node.value):
-            names.append(node.slice)
-        elif (
-            isinstance(node, ast.Compare)
-            and len(node.ops) == 1
-            and isinstance(node.ops[0], ast.In | ast.NotIn)
-            and _is_environ(node.comparators[0])
-        ):
-            names.append(node.left)
+        read = _is_read(node)
+        if read is not None:
+            names.append(read)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            name = node.func.id
+            position = helpers.get(name, 0 if name.startswith("env_") else None)
+            if position is not None and len(node.args) > position:
+                names.append(node.args[position])
     return names
 
 
@@ -218,14 +244,16 @@ def test_it_reports_a_setting_missing_from_its_reference(tmp_path):
     (tmp_path / "settings.py").write_text(
         'import os\nTOKEN_ENV = "TOKEN_NAME"\nA = env_int("DOCUMENTED", 1)\n'
         'B = env_float("FORGOTTEN", 2.0)\nC = os.environ.get(TOKEN_ENV)\n'
-        'D = os.environ["SUBSCRIPTED"]\nfor k in ("PATH",):\n    E = os.environ[k]\n',
+        'D = os.environ["SUBSCRIPTED"]\nfor k in ("PATH",):\n    E = os.environ[k]\n'
+        "def from_file(label, name):\n    return open(os.environ.get(name, '')).read()\n"
+        'F = from_file("key", "KEY_FILE")\n',
         encoding="utf-8",
     )
     page = tmp_path / "settings.md"
     page.write_text("| `DOCUMENTED` | 1 |\n| `SUBSCRIPTED` | |\n", encoding="utf-8")
     names = environment_read([tmp_path / "settings.py"])
-    assert names == {"DOCUMENTED", "FORGOTTEN", "TOKEN_NAME", "SUBSCRIPTED"}
-    assert undocumented(names, page) == ["FORGOTTEN", "TOKEN_NAME"]
+    assert names == {"DOCUMENTED", "FORGOTTEN", "TOKEN_NAME", "SUBSCRIPTED", "KEY_FILE"}
+    assert undocumented(names, page) == ["FORGOTTEN", "KEY_FILE", "TOKEN_NAME"]
 
 
 def test_it_reports_broken_links_and_anchors(tmp_path):
