@@ -34,7 +34,7 @@ from delegation.errors import (
     RpcError,
 )
 from delegation.protocol import CLOSE_FENCED, CLOSE_UNAUTHORIZED, MAX_FRAME_BYTES, bearer_token
-from delegation.services import operator, outbox, runners, tokens
+from delegation.services import answers, operator, outbox, runners, tokens
 from delegation.wire import dumps, loads_strict, refuse_nul
 
 log = logging.getLogger(__name__)
@@ -363,7 +363,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if not self.conn.generation or self.fenced:
             return
         await self._call(
-            outbox.command_answered,
+            answers.command_answered,
             self.conn,
             command_pk,
             frame.get("result"),

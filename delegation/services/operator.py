@@ -1,106 +1,38 @@
 """Operator actions, one code path for runners, the dashboard, the admin and REST: cancel,
-steer and release, each permission-checked and audited."""
+steer and release, each permission-checked and audited.
+
+``Actor``, ``audit`` and ``require_operator`` live in ``identity`` and ``audit`` (the layers
+below); they are importable from here too, where the doors have always found them.
+"""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from datetime import timedelta
 
 from django.db import transaction
 from django.utils import timezone
 
-from delegation import roles
 from delegation.errors import (
     ADMISSION_REFUSED,
     INVALID_PARAMS,
     REQUEST_ID_REUSED,
-    PermissionRefused,
     RpcError,
 )
 from delegation.models import (
-    AuditEntry,
     Command,
     Lease,
     LeaseState,
     Run,
-    Runner,
     RunStatus,
     SteerReceipt,
 )
 from delegation.protocol import MAX_STEER_BYTES
+from delegation.selectors import live_descendants
+from delegation.services.audit import audit, require_operator
 from delegation.services.base import lock_run, store_server_event
+from delegation.services.identity import Actor
 from delegation.services.outbox import enqueue
 from delegation.wire import utf8_len, valid_id
 
 MAX_STEER_RECEIPTS = 128
-
-
-@dataclass(frozen=True)
-class Actor:
-    """Who performs an action, for permission checks, event attribution and the audit log."""
-
-    label: str
-    via: str
-    user: object | None = None
-    runner_pk: int | None = None
-
-    @classmethod
-    def for_user(cls, user, via: str) -> Actor:
-        return cls(label=f"user:{user.get_username()}", via=via, user=user)
-
-    @classmethod
-    def for_runner(cls, runner: Runner, via: str = AuditEntry.Via.RUNNER) -> Actor:
-        """The runner itself, or (``via`` mcp) an agent it hosts, holding a run token."""
-        return cls(label=f"{via}:{runner.name}", via=via, runner_pk=runner.pk)
-
-    @classmethod
-    def system(cls, why: str = "system") -> Actor:
-        return cls(label=why, via=AuditEntry.Via.SYSTEM)
-
-
-def audit(actor: Actor, action: str, target_type: str, target_id: str, outcome: str, **kw):
-    return AuditEntry.objects.create(
-        actor=actor.label,
-        user=actor.user if actor.user is not None else None,
-        via=actor.via,
-        action=action,
-        target_type=target_type,
-        target_id=target_id,
-        outcome=outcome,
-        reason=kw.get("reason", ""),
-        detail=kw.get("detail", {}),
-    )
-
-
-ROLELESS_AUDIT_SECONDS = 60
-
-
-def _refusal_audited_lately(actor: Actor) -> bool:
-    """A signed-in user without any role may try actions in a loop: the first refusal of a
-    minute is audited, the rest would only fill the log. Viewers are audited every time."""
-    if roles.role_of(actor.user) is not None:
-        return False
-    since = timezone.now() - timedelta(seconds=ROLELESS_AUDIT_SECONDS)
-    return AuditEntry.objects.filter(
-        user=actor.user, outcome="refused: not an operator", created_at__gte=since
-    ).exists()
-
-
-def require_operator(actor: Actor, action: str, target_type: str, target_id: str, reason=""):
-    """People need the operator role; runners were authorised by their own rules already."""
-    if actor.user is None:
-        return
-    if roles.can_act(actor.user):
-        return
-    # The refusal is audited in its own transaction so it survives the caller's rollback.
-    with transaction.atomic():
-        if not _refusal_audited_lately(actor):
-            audit(actor, action, target_type, target_id, "refused: not an operator", reason=reason)
-    scope = " (a read-only API token)" if getattr(actor.user, roles.READ_ONLY_SCOPE, False) else ""
-    raise PermissionRefused(
-        f"{actor.label} has role {roles.role_of(actor.user) or 'none'}{scope}; "
-        f"{action} needs operator"
-    )
 
 
 def request_cancel(actor: Actor, run: Run, reason: str) -> str:
@@ -132,8 +64,6 @@ def do_cancel_run(actor: Actor, run: Run, *, reason: str = "", cascade: bool = F
         outcome = request_cancel(actor, run, reason)
         descendants = []
         if cascade:
-            from delegation.selectors import live_descendants
-
             for descendant in live_descendants(run):
                 descendants.append(
                     {
