@@ -12,7 +12,14 @@ from delegation.models.alerts import (
     WebhookDelivery,
 )
 from delegation.models.commands import Command, SteerReceipt
-from delegation.models.runners import ExtensionPreset, Runner, hash_token, new_token
+from delegation.models.runners import (
+    ExtensionPreset,
+    Runner,
+    RunnerQuerySet,
+    RunnerState,
+    hash_token,
+    new_token,
+)
 from delegation.models.runs import (
     ACTIVITY_CHARS,
     TASK_CHARS,
@@ -49,6 +56,8 @@ __all__ = [
     "RunToken",
     "RunVia",
     "Runner",
+    "RunnerQuerySet",
+    "RunnerState",
     "Session",
     "SteerReceipt",
     "Webhook",

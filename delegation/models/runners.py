@@ -15,6 +15,30 @@ def new_token(prefix: str) -> str:
     return f"{prefix}_{secrets.token_urlsafe(32)}"
 
 
+class RunnerState(models.TextChoices):
+    """A runner's connection state, derived from its columns (never stored on its own)."""
+
+    CONNECTED = "connected", "Connected"
+    # In its grace period after a disconnect, or never connected yet.
+    DISCONNECTED = "disconnected", "Disconnected"
+    LOST = "lost", "Lost"
+    REVOKED = "revoked", "Revoked"
+
+
+class RunnerQuerySet(models.QuerySet):
+    def with_state(self):
+        """Annotate ``state`` as ``Runner.state`` derives it, for ``values()`` rows and counts."""
+        return self.annotate(
+            state=models.Case(
+                models.When(revoked_at__isnull=False, then=models.Value(RunnerState.REVOKED)),
+                models.When(connected=True, then=models.Value(RunnerState.CONNECTED)),
+                models.When(lost_at__isnull=False, then=models.Value(RunnerState.LOST)),
+                default=models.Value(RunnerState.DISCONNECTED),
+                output_field=models.CharField(max_length=16),
+            )
+        )
+
+
 class Runner(models.Model):
     """An authenticated client process that hosts agents. ``name`` is its ``runnerId``."""
 
@@ -34,6 +58,8 @@ class Runner(models.Model):
     disconnected_at = models.DateTimeField(null=True, blank=True)
     lost_at = models.DateTimeField(null=True, blank=True)
 
+    objects = RunnerQuerySet.as_manager()
+
     class Meta:
         ordering = ["name"]
 
@@ -47,6 +73,17 @@ class Runner(models.Model):
     @property
     def is_active(self):
         return self.revoked_at is None
+
+    @property
+    def state(self) -> str:
+        """Revoked wins over everything; a lost runner that reconnects is connected again."""
+        if self.revoked_at is not None:
+            return RunnerState.REVOKED
+        if self.connected:
+            return RunnerState.CONNECTED
+        if self.lost_at is not None:
+            return RunnerState.LOST
+        return RunnerState.DISCONNECTED
 
 
 class ExtensionPreset(models.Model):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from delegation.errors import INVALID_PARAMS, NOT_REGISTERED, PRESET_STALE, RpcError
-from delegation.models import Command, ExtensionPreset, Runner, RunVia
+from delegation.models import Command, ExtensionPreset, Runner, RunnerState, RunVia
 from delegation.services import budgets, lifecycle
 from delegation.services.audit import audit, require_operator
 from delegation.services.identity import Actor
@@ -58,9 +58,9 @@ def _launch(actor: Actor, launch: Launch) -> dict:
         fields["cwd"] = launch.cwd
     request = parse_model(Request, fields, "body")
     runner = Runner.objects.select_for_update().filter(name=launch.runner).first()
-    if runner is None or runner.revoked_at is not None:
+    if runner is None or runner.state == RunnerState.REVOKED:
         raise RpcError(NOT_REGISTERED, f"runner: no runner named {launch.runner!r}")
-    if not runner.connected:
+    if runner.state != RunnerState.CONNECTED:
         raise RpcError(
             NOT_REGISTERED,
             f"runner: {runner.name!r} is not connected; a launched run needs a connected runner",
