@@ -41,7 +41,7 @@ from delegation.models import (
 from delegation.protocol import MAX_STEER_BYTES
 from delegation.services import alerts
 from delegation.services.budgets import do_set_budget
-from delegation.services.operator import Actor, do_cancel_run, do_release_lease, do_steer_run
+from delegation.services.operator import Actor, do_cancel_run, do_steer_run, release_lease
 from delegation.wire import BudgetLimits, utf8_len
 
 
@@ -159,7 +159,7 @@ def release_leases(modeladmin, request, queryset):
     done, refused = [], []
     for lease in queryset:
         try:
-            report = do_release_lease(_actor(request), lease)
+            report = release_lease(_actor(request), lease)
         except (PermissionRefused, RpcError) as exc:
             refused.append(f"{lease.lease_id}: refused: {exc}")
             continue

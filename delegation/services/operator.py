@@ -7,12 +7,18 @@ below); they are importable from here too, where the doors have always found the
 
 from __future__ import annotations
 
+import asyncio
+import time
+
+from channels.db import database_sync_to_async
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from delegation.errors import (
     ADMISSION_REFUSED,
     INVALID_PARAMS,
+    RELEASE_UNCONFIRMED,
     REQUEST_ID_REUSED,
     RpcError,
 )
@@ -152,9 +158,15 @@ def _steer_answer(outcome: str, reason: str) -> dict:
     return answer
 
 
-def do_release_lease(actor: Actor, lease: Lease, *, state: str = LeaseState.RELEASED) -> dict:
-    """Revoke a lease and cancel every child under it (SPEC §6 child.lease.release)."""
-    require_operator(actor, "release", "lease", lease.lease_id)
+def do_release_lease(
+    actor: Actor, lease: Lease, *, state: str = LeaseState.RELEASED, reason: str = ""
+) -> dict:
+    """Revoke a lease and cancel every child under it (SPEC §6 child.lease.release).
+
+    The write step only, answering at once: the doors call ``release_lease`` (or, on the
+    runner socket, ``await_release``), which add SPEC §6's wait for the children; the
+    sweep and a lost runner end leases without waiting."""
+    require_operator(actor, "release", "lease", lease.lease_id, reason)
     with transaction.atomic():
         lease = (
             Lease.objects.select_for_update(of=("self",)).select_related("runner").get(pk=lease.pk)
@@ -175,9 +187,9 @@ def do_release_lease(actor: Actor, lease: Lease, *, state: str = LeaseState.RELE
                 )
             if actor.runner_pk != lease.runner_id:
                 enqueue(lease.runner_id, Command.Method.LEASE_REVOKED, {"leaseId": lease.lease_id})
-        reason = f"lease {lease.lease_id} {lease.state}"
+        why = f"lease {lease.lease_id} {lease.state}"
         for child in Run.objects.filter(lease=lease).live():
-            request_cancel(actor, child, reason)
+            request_cancel(actor, child, why)
         pending = lease_pending(lease.pk)
         audit(
             actor,
@@ -185,6 +197,7 @@ def do_release_lease(actor: Actor, lease: Lease, *, state: str = LeaseState.RELE
             "lease",
             lease.lease_id,
             ("released" if first_time else "already-" + lease.state),
+            reason=reason,
             detail={"runner": lease.runner.name, "pending": pending},
         )
         return {"done": not pending, "pending": pending, "state": lease.state}
@@ -192,3 +205,48 @@ def do_release_lease(actor: Actor, lease: Lease, *, state: str = LeaseState.RELE
 
 def lease_pending(lease_pk: int) -> list[str]:
     return list(Run.objects.filter(lease_id=lease_pk).live().values_list("run_id", flat=True))
+
+
+# SPEC §6: a release waits up to LEASE_RELEASE_WAIT_SECONDS (5 s) for the lease's children to
+# finish, then answers −32016 if they have not; the same rule for every door.
+RELEASE_POLL_SECONDS = 0.05
+
+
+def unconfirmed_release(pending: list[str]) -> RpcError:
+    return RpcError(
+        RELEASE_UNCONFIRMED,
+        "cleanup is not yet confirmed; retry release",
+        data={"pending": pending},
+    )
+
+
+def release_lease(actor: Actor, lease: Lease, *, reason: str = "") -> dict:
+    """An operator's release (REST, dashboard, admin): the write, then SPEC §6's wait.
+
+    Answers the report (``done``, ``pending``, ``state``) once the children have finished or
+    the wait is over: ``pending`` is what −32016 names on the runner socket, and a repeated
+    call polls. Inside a caller's transaction there is no wait: the cancels it holds locked
+    could not finish before it commits.
+    """
+    report = do_release_lease(actor, lease, reason=reason)
+    if report["pending"] and not transaction.get_connection().in_atomic_block:
+        deadline = time.monotonic() + settings.LEASE_RELEASE_WAIT_SECONDS
+        while report["pending"] and time.monotonic() < deadline:
+            time.sleep(RELEASE_POLL_SECONDS)
+            report["pending"] = lease_pending(lease.pk)
+        report["done"] = not report["pending"]
+    return report
+
+
+async def await_release(lease_pk: int) -> dict:
+    """The runner socket's wait: asynchronous, because the children it waits for finish
+    through frames on that very socket. ``{"done": true}``, or −32016 naming the pending."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.LEASE_RELEASE_WAIT_SECONDS
+    while True:
+        pending = await database_sync_to_async(lease_pending)(lease_pk)
+        if not pending:
+            return {"done": True}
+        if loop.time() >= deadline:
+            raise unconfirmed_release(pending)
+        await asyncio.sleep(RELEASE_POLL_SECONDS)
