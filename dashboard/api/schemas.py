@@ -172,22 +172,20 @@ class SteerBody(Strict):
         return value
 
 
+def _no_nul(value: str) -> str:
+    if not re.search(NO_NUL, value):
+        raise ValueError("must not contain NUL")
+    return value
+
+
 class ReleaseBody(Strict):
     """Release a lease; the body may be omitted or `{}`."""
 
     reason: str = Field(
-        default="",
-        max_length=2000,
-        description="Why; recorded in the audit log.",
+        default="", max_length=2000, description="Why; recorded in the audit log.",
         json_schema_extra={"pattern": NO_NUL},
-    )
-
-    @field_validator("reason")
-    @classmethod
-    def _reason(cls, value: str) -> str:
-        if not re.search(NO_NUL, value):
-            raise ValueError("must not contain NUL")
-        return value
+    )  # fmt: skip
+    _reason = field_validator("reason")(_no_nul)
 
 
 def _not_blank_no_nul(value: str) -> str:
