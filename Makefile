@@ -69,6 +69,7 @@ test-postgres: install agents
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 format: install
 	$(VENV)/bin/ruff check --fix .
