@@ -1,14 +1,12 @@
 """One refusal, one HTTP status: the run page's form and the REST API map a service's error
 through the same table (``delegation.errors.http_status``)."""
-# ruff: noqa: F811 - pytest fixtures are imported from tests.test_api_support
 
 import json
 
 import pytest
 
 from delegation.models import Budget
-from tests.personas import signed_in
-from tests.test_api_support import as_, world  # noqa: F401
+from tests.support.personas import signed_in
 
 pytestmark = pytest.mark.django_db
 
