@@ -5,7 +5,7 @@ behind a proxy is the proxy's). Requests go through the real middleware and axes
 import pytest
 from django.test import Client
 
-from tests.personas import PASSWORD
+from tests.support.personas import PASSWORD
 
 pytestmark = pytest.mark.django_db
 

@@ -28,8 +28,8 @@ from delegation.errors import RpcError
 from delegation.models import WebhookAttempt, WebhookDelivery
 from delegation.services import alerts
 from delegation.services.operator import Actor
-from tests.personas import api_token
-from tests.webhook_receiver import Receiver
+from tests.support.personas import api_token
+from tests.support.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 adb = database_sync_to_async
