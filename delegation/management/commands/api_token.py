@@ -49,7 +49,8 @@ class Command(BaseCommand):
             type=expiry_days,
             default=None,
             metavar="DAYS",
-            help="refuse the token after this many days (default: valid until revoked)",
+            help=f"refuse the token after this many days, at most {MAX_EXPIRY_DAYS} "
+            "(default: valid until revoked)",
         )
         create.add_argument(
             "--read-only",
