@@ -1,0 +1,116 @@
+"""The HTTP door of a real daphne bounds what it takes before anyone is authenticated: a body
+over the limit is refused as it arrives (never buffered whole), and ``GET /mcp`` is answered
+at once (405: the server is stateless, there is no stream to hold open)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx2
+import pytest
+
+from canopy.bodylimit import HTTP_MAX_BODY_BYTES, MCP_MAX_BODY_BYTES
+from tests.live_server import daphne_server  # noqa: F401  (fixture)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
+
+MB = 1024 * 1024
+
+
+async def _status_line(reader: asyncio.StreamReader, timeout: float) -> bytes:
+    return await asyncio.wait_for(reader.readline(), timeout)
+
+
+async def _post_head(server, path: str, headers: dict[str, str]):
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", *(f"{k}: {v}" for k, v in headers.items())]
+    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+    await writer.drain()
+    return reader, writer
+
+
+@pytest.mark.parametrize("path", ["/mcp", "/api/runs"])
+async def test_it_refuses_a_300_mb_unauthenticated_post_before_its_body_arrives(
+    daphne_server,  # noqa: F811
+    path,
+):
+    """Only the headers and 64 KiB of a declared 300 MB body are sent: the answer comes anyway.
+    A server that buffers the body first would wait for the other 299.9 MB and never answer."""
+    reader, writer = await _post_head(
+        daphne_server,
+        path,
+        {"Content-Type": "application/json", "Content-Length": str(300 * MB)},
+    )
+    try:
+        writer.write(b"{" + b" " * (64 * 1024))
+        await writer.drain()
+        status = await _status_line(reader, timeout=10)
+        rest = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    assert status.startswith(b"HTTP/1.1 413"), status
+    assert f"over {HTTP_MAX_BODY_BYTES} bytes".encode() in rest
+    # The connection is closed after the refusal: nothing more of the body is read.
+    assert reader.at_eof()
+
+
+async def test_it_refuses_a_chunked_body_once_it_passes_the_limit(daphne_server):  # noqa: F811
+    """Without a Content-Length the body is counted as it arrives; past the limit the client
+    is answered 413 while still sending (not 401 after the whole body was kept)."""
+    reader, writer = await _post_head(
+        daphne_server, "/mcp", {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
+    )
+    chunk = b" " * (256 * 1024)
+    sent = 0
+    status = b""
+    try:
+        while sent < 64 * MB and not status:
+            try:
+                writer.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                await asyncio.wait_for(writer.drain(), 5)
+            except (ConnectionError, TimeoutError):
+                break
+            sent += len(chunk)
+            if sent > HTTP_MAX_BODY_BYTES:
+                try:
+                    status = await _status_line(reader, timeout=0.2)
+                except TimeoutError:
+                    continue
+        if not status:
+            status = await _status_line(reader, timeout=10)
+    finally:
+        writer.close()
+    assert status.startswith(b"HTTP/1.1 413"), (status, sent)
+    assert sent < 2 * HTTP_MAX_BODY_BYTES, sent
+
+
+async def test_it_refuses_an_mcp_body_over_its_own_limit_before_authentication(
+    daphne_server,  # noqa: F811
+):
+    """/mcp takes less than the other paths: a 3 MiB tool call is 413, not the 401 of a
+    missing token (the size is checked first, whoever sends it)."""
+    body = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{"message":"'
+    body += b"x" * (3 * MB) + b'"}}}'
+    assert MCP_MAX_BODY_BYTES < len(body) < HTTP_MAX_BODY_BYTES
+    async with httpx2.AsyncClient(timeout=20) as http:
+        response = await http.post(
+            f"{daphne_server.http_url}/mcp",
+            content=body,
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
+    assert response.status_code == 413, response.text
+    assert response.json()["error"]["code"] == 413
+
+
+async def test_it_answers_get_mcp_at_once_with_405(daphne_server):  # noqa: F811
+    """A GET (the SSE stream of a stateful server) is answered now, not with the first ping
+    15 s later, and whatever the token: there is no stream for a stateless server to push on."""
+    async with httpx2.AsyncClient(timeout=5) as http:
+        for headers in ({}, {"Authorization": "Bearer cnt_not-a-token"}):
+            response = await http.get(
+                f"{daphne_server.http_url}/mcp",
+                headers={"Accept": "text/event-stream", **headers},
+            )
+            assert response.status_code == 405, response.text
+            assert response.headers["allow"] == "POST"
+            assert "stateless" in response.json()["error"]["message"]
