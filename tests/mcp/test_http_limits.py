@@ -8,9 +8,13 @@ import asyncio
 
 import httpx2
 import pytest
+from asgiref.sync import sync_to_async
 
 from canopy.bodylimit import HTTP_MAX_BODY_BYTES, MCP_MAX_BODY_BYTES
+from delegation.models import Run
+from delegation.services import tokens
 from tests.live_server import daphne_server  # noqa: F401  (fixture)
+from tests.mcp_tools import LiveRunner
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
@@ -84,22 +88,47 @@ async def test_it_refuses_a_chunked_body_once_it_passes_the_limit(daphne_server)
     assert sent < 2 * HTTP_MAX_BODY_BYTES, sent
 
 
+def _tool_call(size: int) -> bytes:
+    body = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"delegate",'
+    body += b'"arguments":{"profile":"worker","message":"' + b"x" * size + b'"}}}'
+    assert MCP_MAX_BODY_BYTES < len(body) < HTTP_MAX_BODY_BYTES
+    return body
+
+
+MCP_HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+
+
 async def test_it_refuses_an_mcp_body_over_its_own_limit_before_authentication(
     daphne_server,  # noqa: F811
 ):
     """/mcp takes less than the other paths: a 3 MiB tool call is 413, not the 401 of a
-    missing token (the size is checked first, whoever sends it)."""
-    body = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{"message":"'
-    body += b"x" * (3 * MB) + b'"}}}'
-    assert MCP_MAX_BODY_BYTES < len(body) < HTTP_MAX_BODY_BYTES
+    missing token (a declared size is checked first, whoever sends it)."""
     async with httpx2.AsyncClient(timeout=20) as http:
         response = await http.post(
-            f"{daphne_server.http_url}/mcp",
-            content=body,
-            headers={"Content-Type": "application/json", "Accept": "application/json"},
+            f"{daphne_server.http_url}/mcp", content=_tool_call(3 * MB), headers=MCP_HEADERS
         )
     assert response.status_code == 413, response.text
     assert response.json()["error"]["code"] == 413
+
+
+async def test_it_counts_a_chunked_mcp_body_as_it_is_read(daphne_server):  # noqa: F811
+    """Without a declared length the body is counted as the MCP server reads it: a live run
+    token's 3 MiB chunked tool call is 413 too, and no child is started."""
+    token = await sync_to_async(tokens.create_runner)("limits-runner")
+    body = _tool_call(3 * MB)
+
+    async def chunks():
+        for start in range(0, len(body), 64 * 1024):
+            yield body[start : start + 64 * 1024]
+
+    async with LiveRunner(daphne_server, token[1]) as live:
+        await live.open("root-1")
+        issued = await live.run_token("root-1")
+        headers = {**MCP_HEADERS, "Authorization": f"Bearer {issued['token']}"}
+        async with httpx2.AsyncClient(timeout=20) as http:
+            response = await http.post(issued["url"], content=chunks(), headers=headers)
+    assert response.status_code == 413, response.text
+    assert await sync_to_async(Run.objects.filter(parent__run_id="root-1").count)() == 0
 
 
 async def test_it_answers_get_mcp_at_once_with_405(daphne_server):  # noqa: F811
