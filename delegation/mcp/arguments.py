@@ -20,7 +20,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase
 from pydantic import ConfigDict, create_model
 
-from delegation.errors import RpcError
+from delegation.errors import METHOD_NOT_FOUND, RpcError
 from delegation.mcp.calls import refused
 from delegation.wire.decode import parse_model, refuse_nul
 
@@ -86,9 +86,11 @@ class StrictMCPServer(MCPServer):
         self, name: str, arguments: dict[str, Any], context: Context | None = None
     ) -> Any:
         tool = self._tool_manager.get_tool(name)
-        if tool is not None and issubclass(tool.fn_metadata.arg_model, StrictArguments):
-            try:
+        try:
+            if tool is None:
+                raise RpcError(METHOD_NOT_FOUND, f"unknown tool {name!r}")
+            if issubclass(tool.fn_metadata.arg_model, StrictArguments):
                 check(tool.fn_metadata.arg_model, arguments)
-            except RpcError as error:
-                return refused(error)
+        except RpcError as error:
+            return refused(error)
         return await super().call_tool(name, arguments, context)

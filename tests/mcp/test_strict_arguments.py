@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from asgiref.sync import sync_to_async
 
-from delegation.errors import INVALID_PARAMS
+from delegation.errors import INVALID_PARAMS, METHOD_NOT_FOUND
 from delegation.models import Run
 from delegation.services import tokens
 from tests.live_server import daphne_server  # noqa: F401  (fixture)
@@ -65,6 +65,14 @@ async def test_it_refuses_unknown_mistyped_null_and_nul_arguments_naming_each(li
         assert "pydantic" not in message and "validation error" not in message, case
         text = answer.content[0].text
         assert text == f"{message} (code {INVALID_PARAMS})", case
+    # A tool that does not exist is refused in the same shape (the JSON-RPC code for it).
+    async with mcp_session(issued["url"], issued["token"]) as mcp:
+        unknown = await mcp.call_tool("delegate_all", {})
+    assert unknown.is_error
+    assert unknown.structured_content == {
+        "code": METHOD_NOT_FOUND,
+        "message": "unknown tool 'delegate_all'",
+    }
     # Refused calls change nothing: no child was started by any of them.
     children = await sync_to_async(Run.objects.filter(parent__run_id="root-1").count)()
     assert children == 0
