@@ -13,8 +13,7 @@ from asgiref.sync import sync_to_async
 from canopy.bodylimit import HTTP_MAX_BODY_BYTES, MCP_MAX_BODY_BYTES
 from delegation.models import Run
 from delegation.services import tokens
-from tests.live_server import daphne_server  # noqa: F401  (fixture)
-from tests.mcp_tools import LiveRunner
+from tests.support.mcp_tools import LiveRunner
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
@@ -35,7 +34,7 @@ async def _post_head(server, path: str, headers: dict[str, str]):
 
 @pytest.mark.parametrize("path", ["/mcp", "/api/runs"])
 async def test_it_refuses_a_300_mb_unauthenticated_post_before_its_body_arrives(
-    daphne_server,  # noqa: F811
+    daphne_server,
     path,
 ):
     """Only the headers and 64 KiB of a declared 300 MB body are sent: the answer comes anyway.
@@ -58,7 +57,7 @@ async def test_it_refuses_a_300_mb_unauthenticated_post_before_its_body_arrives(
     assert reader.at_eof()
 
 
-async def test_it_refuses_a_chunked_body_once_it_passes_the_limit(daphne_server):  # noqa: F811
+async def test_it_refuses_a_chunked_body_once_it_passes_the_limit(daphne_server):
     """Without a Content-Length the body is counted as it arrives; past the limit the client
     is answered 413 while still sending (not 401 after the whole body was kept)."""
     reader, writer = await _post_head(
@@ -99,7 +98,7 @@ MCP_HEADERS = {"Content-Type": "application/json", "Accept": "application/json, 
 
 
 async def test_it_refuses_an_mcp_body_over_its_own_limit_before_authentication(
-    daphne_server,  # noqa: F811
+    daphne_server,
 ):
     """/mcp takes less than the other paths: a 3 MiB tool call is 413, not the 401 of a
     missing token (a declared size is checked first, whoever sends it)."""
@@ -111,7 +110,7 @@ async def test_it_refuses_an_mcp_body_over_its_own_limit_before_authentication(
     assert response.json()["error"]["code"] == 413
 
 
-async def test_it_counts_a_chunked_mcp_body_as_it_is_read(daphne_server):  # noqa: F811
+async def test_it_counts_a_chunked_mcp_body_as_it_is_read(daphne_server):
     """Without a declared length the body is counted as the MCP server reads it: a live run
     token's 3 MiB chunked tool call is 413 too, and no child is started."""
     token = await sync_to_async(tokens.create_runner)("limits-runner")
@@ -131,7 +130,7 @@ async def test_it_counts_a_chunked_mcp_body_as_it_is_read(daphne_server):  # noq
     assert await sync_to_async(Run.objects.filter(parent__run_id="root-1").count)() == 0
 
 
-async def test_it_answers_get_mcp_at_once_with_405(daphne_server):  # noqa: F811
+async def test_it_answers_get_mcp_at_once_with_405(daphne_server):
     """A GET (the SSE stream of a stateful server) is answered now, not with the first ping
     15 s later, and whatever the token: there is no stream for a stateless server to push on."""
     async with httpx2.AsyncClient(timeout=5) as http:

@@ -11,8 +11,7 @@ from asgiref.sync import sync_to_async
 from delegation.errors import INVALID_PARAMS, METHOD_NOT_FOUND
 from delegation.models import Run
 from delegation.services import tokens
-from tests.live_server import daphne_server  # noqa: F401  (fixture)
-from tests.mcp_tools import LiveRunner, mcp_session
+from tests.support.mcp_tools import LiveRunner, mcp_session
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -43,7 +42,7 @@ REFUSED = [
 
 
 @pytest.fixture
-async def live(daphne_server):  # noqa: F811
+async def live(daphne_server):
     token = await sync_to_async(tokens.create_runner)("strict-runner")
     async with LiveRunner(daphne_server, token[1]) as runner:
         yield runner

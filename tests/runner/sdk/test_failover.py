@@ -17,7 +17,6 @@ from canopy.serving import free_port
 from delegation.client import Extension, Preset, RunnerClient, event, server_urls
 from delegation.models import Event, Run, Runner
 from delegation.services import tokens
-from tests.live_server import daphne_factory  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -45,7 +44,7 @@ def _stored(run_id: str):
     return run.status, texts, runner.host_instance_id, runner.connection_generation
 
 
-async def test_it_fails_over_to_the_other_server_and_its_run_goes_on(daphne_factory):  # noqa: F811
+async def test_it_fails_over_to_the_other_server_and_its_run_goes_on(daphne_factory):
     first, second = daphne_factory(), daphne_factory()
     token = (await sync_to_async(tokens.create_runner)("failover-runner"))[1]
     client = _client([first.ws_url, second.ws_url], token)
@@ -69,7 +68,7 @@ async def test_it_fails_over_to_the_other_server_and_its_run_goes_on(daphne_fact
     assert not first.running
 
 
-async def test_it_skips_a_server_that_is_down_when_it_starts(daphne_factory):  # noqa: F811
+async def test_it_skips_a_server_that_is_down_when_it_starts(daphne_factory):
     live = daphne_factory()
     token = (await sync_to_async(tokens.create_runner)("failover-runner"))[1]
     dead = f"ws://127.0.0.1:{free_port()}/ws/runner/"
@@ -92,7 +91,7 @@ def _runner_state(name: str):
     return runner.connection_generation, runner.host_instance_id, statuses
 
 
-async def test_it_fails_over_the_reference_runner_given_two_urls(daphne_factory):  # noqa: F811
+async def test_it_fails_over_the_reference_runner_given_two_urls(daphne_factory):
     """The runner's command line takes ``--url`` twice; killed mid-tree, its server's work
     goes on on the other one and the tree still finishes."""
     first, second = daphne_factory(), daphne_factory()
