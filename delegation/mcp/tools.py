@@ -17,7 +17,7 @@ from delegation.mcp.calls import call_service, child_params, ok, refused
 from delegation.mcp.waiting import wait_on_run, wait_seconds
 from delegation.selectors.profiles import profiles_caller_may_start
 from delegation.services import children, run_tokens
-from delegation.services.children import Caller
+from delegation.services.identity import Caller
 from delegation.services.run_tokens import RunCaller
 
 # --- the services each tool calls --------------------------------------------------------
