@@ -106,11 +106,16 @@ async def harness(daphne_server, tmp_path, monkeypatch):
     workspace = tmp_path / "ws"
     (workspace / "sub").mkdir(parents=True)
     env = {"ACP_AGENT_STATE": str(state), "ACP_AGENT_RELEASE": str(state / "release")}
+    # Unsandboxed: the stub reports its host pid and writes its state outside the workspace
+    # (the sandbox's own tests are tests/security/test_containment.py).
+    bare = {"sandbox": "none"}
     presets = [
-        AcpPreset("acp", AGENT, env=env, allow_tool_kinds=("read", "search"), cancel_grace=2.0),
-        AcpPreset("stubborn", AGENT, env=env, cancel_grace=0.5),
-        AcpPreset("noload", AGENT, env={**env, "ACP_AGENT_NO_LOAD": "1"}),
-        AcpPreset("crash", AGENT, env={**env, "ACP_AGENT_CRASH": "1"}),
+        AcpPreset(
+            "acp", AGENT, env=env, allow_tool_kinds=("read", "search"), cancel_grace=2.0, **bare
+        ),
+        AcpPreset("stubborn", AGENT, env=env, cancel_grace=0.5, **bare),
+        AcpPreset("noload", AGENT, env={**env, "ACP_AGENT_NO_LOAD": "1"}, **bare),
+        AcpPreset("crash", AGENT, env={**env, "ACP_AGENT_CRASH": "1"}, **bare),
     ]
     asked = []
 
@@ -307,6 +312,7 @@ async def test_it_runs_a_root_through_the_runner_command_line_with_engine_acp(
         "command": AGENT,
         "allowToolKinds": ["read"],
         "env": {"ACP_AGENT_STATE": str(state)},
+        "sandbox": "none",  # the stub writes its state outside the workspace
     }
     config.write_text(json.dumps({"workspace": ".", "presets": [preset]}))
     env = {**os.environ, "CANOPY_RUNNER_TOKEN": token}
