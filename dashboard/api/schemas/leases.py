@@ -1,0 +1,42 @@
+"""Leases and the release action."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from ninja import Schema
+from pydantic import Field
+
+from delegation.models import LeaseState
+from delegation.wire import Strict
+
+
+class ReleaseBody(Strict):
+    """No fields: the body may be omitted or `{}`."""
+
+
+class ReleaseOutcome(Schema):
+    done: bool = Field(description="true once no child under the lease is still running")
+    pending: list[str] = Field(description="runIds still winding down (cancel requested)")
+    state: LeaseState
+
+
+class LeaseItem(Schema):
+    id: int = Field(description="Address of the lease: /api/leases/{id}")
+    leaseId: str = Field(description="The runner-scoped leaseId (unique per runner)")
+    runnerId: str
+    extensionId: str
+    generation: int
+    parentRunId: str
+    state: LeaseState
+    live: bool = Field(description="active and not yet past expiresAt")
+    childCount: int = Field(description="Runs started under this lease")
+    liveChildCount: int = Field(description="Of those, still running")
+    createdAt: datetime
+    expiresAt: datetime
+    endedAt: datetime | None
+
+
+class LeasePage(Schema):
+    items: list[LeaseItem]
+    next: str | None
