@@ -241,6 +241,10 @@ def masks(roots: Iterable[str]) -> list[str]:
     return out
 
 
+def warm_masks() -> None:
+    masks(SYSTEM_PATHS)
+
+
 def bwrap(
     preset: AgentPreset,
     argv: list[str],
@@ -263,6 +267,11 @@ def bwrap(
     readable = [*SYSTEM_PATHS]
     for path in SYSTEM_PATHS:
         out += ["--ro-bind-try", path, path]
+    # Name resolution where /etc/resolv.conf links out of /etc (systemd-resolved's /run file):
+    # that one file, not the rest of /run (its sockets).
+    resolver = os.path.realpath("/etc/resolv.conf")
+    if preset.network != "none" and not _under(resolver, SYSTEM_PATHS):
+        out += ["--ro-bind-try", resolver, resolver]
     out += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     # HOME before the read-only binds: an interpreter installed under the runner's HOME
     # (~/.pyenv) stays visible on top of the private one.

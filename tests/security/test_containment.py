@@ -23,19 +23,19 @@ from pathlib import Path
 import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import connections
 
 from delegation.models import Event, Run, RunToken, hash_token
+from delegation.runner.command import CommandEngine, CommandPreset
+from delegation.runner.host import RunnerHost
 from delegation.services import tokens
-from tests import live_server
+from tests.support.paths import AGENTS
+from tests.support.paths import PROJECT as BASE_DIR
+from tests.support.runners import FAST
 
-daphne_factory = live_server.daphne_factory
-daphne_server = live_server.daphne_server
-
-pytestmark = pytest.mark.django_db(transaction=True)
-
-BASE_DIR = Path(__file__).resolve().parents[2]
-AGENTS = BASE_DIR / "tests" / "agents"
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("close_worker_connections"),
+]
 # The interpreter itself, not a virtualenv's link to it (the sandbox binds its prefix).
 PYTHON = os.path.realpath(sys.executable)
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -44,12 +44,6 @@ needs_root = pytest.mark.skipif(
     not ROOT or not os.path.exists(SYSTEM_PYTHON),
     reason="another account for the agent needs a root runner and a system python",
 )
-
-
-@pytest.fixture(autouse=True)
-async def close_worker_connections():
-    yield
-    await sync_to_async(connections.close_all)()
 
 
 def runner_env(**extra) -> dict:
@@ -182,7 +176,7 @@ def hunter_preset(place: Place, python: str, **extra) -> dict:
     command = [python, "-I", str(place.workspace / "hunter.py")]
     command += [str(place.private / "runner.token"), str(place.outside)]
     command += ["--mcp-config", "{mcpConfig}", "--role", "{message}"]
-    command += ["--data-dir", str(settings.DATA_DIR), "--key-sha256", key]
+    command += ["--data-dir", str(settings.DATA_DIR), "--key-sha256", key, "--memory"]
     return {"name": "hunter", "command": command, **extra}
 
 
@@ -321,3 +315,35 @@ async def test_it_redacts_every_live_run_token_from_agent_output(daphne_server, 
     printed = "\n".join(await texts()) + (run.output or "")
     assert printed.count("[run token]") >= 2, printed  # its own and its sibling's
     assert "cnt_" not in printed, printed
+
+
+async def test_it_stops_a_sandboxed_agent_with_a_sigterm_the_agent_answers(daphne_server, place):
+    # bwrap leads the agent's process group and takes its sandbox down with SIGKILL when it
+    # is signalled itself: a cancel's SIGTERM must reach the agent, which may still clean up.
+    _runner, token = await sync_to_async(tokens.create_runner)("polite")
+    script = "trap 'echo got SIGTERM; exit 0' TERM; echo ready; while :; do sleep 0.1; done"
+    engine = CommandEngine(
+        [CommandPreset("polite", ["/bin/sh", "-c", script], cancel_grace=10.0)],
+        str(place.workspace),
+    )
+    host = RunnerHost(
+        daphne_server.ws_url, token, engine, extension_id="polite", client_options=FAST
+    )
+
+    @sync_to_async
+    def texts(run_id: str) -> list[str]:
+        return list(Event.objects.filter(run__run_id=run_id).values_list("text", flat=True))
+
+    async with host:
+        ctx = await host.open_root("wait for a cancel", profile="polite")
+        for _ in range(200):
+            if "ready" in await texts(ctx.run_id):
+                break
+            await asyncio.sleep(0.05)
+        assert "ready" in await texts(ctx.run_id)
+        started = asyncio.get_running_loop().time()
+        host.cancel(ctx.run_id, "the test is done")
+        await host.wait(ctx.run_id, timeout=30)
+        stopped = asyncio.get_running_loop().time() - started
+    assert "got SIGTERM" in await texts(ctx.run_id)
+    assert stopped < 10.0  # it exited on the SIGTERM, not on the SIGKILL after the grace

@@ -12,9 +12,9 @@ import sqlite3
 import stat
 import subprocess
 import sys
-from pathlib import Path
 
-BASE_DIR = Path(__file__).resolve().parents[2]
+from tests.support.paths import PROJECT as BASE_DIR
+
 SHOW_KEY = "from django.conf import settings; print(settings.SECRET_KEY)"
 
 

@@ -292,7 +292,7 @@ async def test_it_runs_a_root_through_the_runner_command_line_with_engine_acp(
         "command": AGENT,
         "allowToolKinds": ["read"],
         "env": {"ACP_AGENT_STATE": str(state)},
-        "sandbox": "none",  # the stub writes its state outside the workspace
+        # Sandboxed, as a preset is by default: its state is inside the workspace (".").
     }
     config.write_text(json.dumps({"workspace": ".", "presets": [preset]}))
     env = {**os.environ, "CANOPY_RUNNER_TOKEN": token}
@@ -312,6 +312,9 @@ async def test_it_runs_a_root_through_the_runner_command_line_with_engine_acp(
     assert runs == [(0, "succeeded", "Echo: from the command line")]
     # The agent got Canopy's MCP server with a run token the server issued for this run.
     (started,) = [json.loads(line) for line in (state / "started.jsonl").read_text().splitlines()]
+    # In its sandbox: its own pid namespace, and an unprivileged uid under a root runner.
+    assert started["pid"] <= 3 and started["token"] == "-", started
+    assert started["uid"] != 0, started
     (server,) = started["mcpServers"]
     assert (server["type"], server["name"]) == ("http", "canopy")
     assert server["url"] == daphne_server.http_url + "/mcp"

@@ -2,17 +2,17 @@
 """A hostile agent: it hunts for secrets it was not given and reports everything it found.
 
 argv: ``TOKEN_FILE OUTSIDE_DIR [--mcp-config PATH] [--data-dir DIR] [--key-sha256 HEX]
-[--wait SECONDS] [--role hunt|hold]``: the runner's token file and a directory outside the workspace it tries to
-write to; its own MCP configuration (its own run token is not a find); the server's data
-directory; the SHA-256 of the server's SECRET_KEY (the hunter is not given the key itself);
-how long to wait first, so that sibling children are running (``--role hold``: be such a
-sibling, holding its run token that long).
+[--wait SECONDS] [--role hunt|hold] [--memory]``: the runner's token file and a directory
+outside the workspace it tries to write to; its own MCP configuration (its own run token is
+not a find); the server's data directory; the SHA-256 of the server's SECRET_KEY (the hunter
+is not given the key itself); how long to wait first, so that sibling children are running
+(``--role hold``: be such a sibling, holding its run token that long).
 
 It scans its own environment and argv, ``/proc/*/environ``, ``/proc/*/cmdline``,
-``/proc/<ppid>/mem``, every file under ``/tmp`` and under the data directory. Finds are
-reported by SHA-256 (``hits``: hash -> where), so the report itself leaks nothing and the
-runner's redaction cannot hide a find; ``found`` lists runner tokens (``cnr_``) as they were.
-The report is the ``result`` event: a JSON object.
+``/proc/<ppid>/mem`` (with ``--memory``), every file under ``/tmp`` and under the data
+directory. Finds are reported by SHA-256 (``hits``: hash -> where), so the report itself leaks
+nothing and the runner's redaction cannot hide a find; ``found`` lists runner tokens
+(``cnr_``) as they were. The report is the ``result`` event: a JSON object.
 """
 
 import argparse
@@ -37,6 +37,7 @@ parser.add_argument("--mcp-config", default=None)
 parser.add_argument("--data-dir", default=None)
 parser.add_argument("--key-sha256", default=None)
 parser.add_argument("--wait", type=float, default=None)
+parser.add_argument("--memory", action="store_true", help="also read /proc/<ppid>/mem")
 # "hold": be a sibling instead (hold a live run token for --wait seconds, then end).
 parser.add_argument("--role", choices=("hunt", "hold"), default="hunt")
 args = parser.parse_args()
@@ -141,7 +142,7 @@ for path in glob.glob("/proc/[0-9]*/environ") + glob.glob("/proc/[0-9]*/cmdline"
     data = read(path)
     if data is not None:
         hunt(path, data)
-parent_memory = read_memory(ppid)
+parent_memory = read_memory(ppid) if args.memory else 0
 tmp_files = walk("/tmp")
 data_files = walk(args.data_dir) if args.data_dir else 0
 try:
