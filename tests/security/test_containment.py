@@ -321,7 +321,10 @@ async def test_it_stops_a_sandboxed_agent_with_a_sigterm_the_agent_answers(daphn
     # bwrap leads the agent's process group and takes its sandbox down with SIGKILL when it
     # is signalled itself: a cancel's SIGTERM must reach the agent, which may still clean up.
     _runner, token = await sync_to_async(tokens.create_runner)("polite")
-    script = "trap 'echo got SIGTERM; exit 0' TERM; echo ready; while :; do sleep 0.1; done"
+    # Its clean-up takes a second: one SIGKILLed with its sandbox never says it is done.
+    script = (
+        "trap 'sleep 1; echo got SIGTERM; exit 0' TERM; echo ready; while :; do sleep 0.1; done"
+    )
     engine = CommandEngine(
         [CommandPreset("polite", ["/bin/sh", "-c", script], cancel_grace=10.0)],
         str(place.workspace),
