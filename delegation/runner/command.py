@@ -247,6 +247,10 @@ class CommandEngine(PresetEngine):
             if pending:
                 proc.kill_group(process.pid, signal.SIGKILL)
                 await asyncio.wait(pending, timeout=1.0)
+            if process.sandboxed:
+                # bwrap exits with its agent's status while its own init may still be taking
+                # the sandbox down: nothing of the sandbox outlives the run.
+                proc.kill_group(process.pid, signal.SIGKILL)
             queue.put_nowait(None)
             await sender
         finally:
