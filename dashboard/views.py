@@ -5,7 +5,7 @@ Pages render what the database holds at request time; the browser then subscribe
 ``delegation.selectors``. Cancel and release are plain form posts here; the run page's steer
 box posts to the REST API (``/api/runs/{runId}/steer``), the one JSON action surface. Every
 action goes through the engine's operator services (``do_cancel_run``, ``do_steer_run``,
-``do_release_lease``), which check the role and write the audit entry, so a cancel from here is
+``release_lease``), which check the role and write the audit entry, so a cancel from here is
 the same cancel as one from the admin, the REST API or a runner. A refused action answers 403
 with the service's message (and the refusal is audited by the service). A signed-in user
 without a role is refused before anything is looked up, so the answer is the same whether
@@ -36,7 +36,7 @@ from delegation.models import (
 )
 from delegation.services.budgets import do_set_budget
 from delegation.services.launch import Launch, do_launch_run
-from delegation.services.operator import Actor, do_cancel_run, do_release_lease
+from delegation.services.operator import Actor, do_cancel_run, release_lease
 from delegation.wire import BudgetLimits, parse_model
 
 SINCE_CHOICES = (
@@ -378,7 +378,7 @@ def lease_release(request, pk):
     if lease is None:
         raise Http404(f"no lease {pk}")
     try:
-        report = do_release_lease(_actor(request), lease)
+        report = release_lease(_actor(request), lease)
     except (PermissionRefused, RpcError) as exc:
         return _refused(request, exc)
     pending = report["pending"]

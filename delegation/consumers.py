@@ -29,12 +29,11 @@ from delegation.errors import (
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     NOT_REGISTERED,
-    RELEASE_UNCONFIRMED,
     STALE_CONNECTION,
     RpcError,
 )
 from delegation.protocol import CLOSE_FENCED, CLOSE_UNAUTHORIZED, MAX_FRAME_BYTES, bearer_token
-from delegation.services import operator, outbox, runners, tokens
+from delegation.services import answers, operator, outbox, runners, tokens
 from delegation.wire import dumps, loads_strict, refuse_nul
 
 log = logging.getLogger(__name__)
@@ -331,25 +330,16 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if not pending:
             await self._send({"jsonrpc": "2.0", "id": rpc_id, "result": {"done": True}})
             return
+        # Aside from the frame loop: the children finish through frames on this socket.
         self._spawn(self._await_release(rpc_id, lease_pk))
 
     async def _await_release(self, rpc_id, lease_pk):
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + settings.LEASE_RELEASE_WAIT_SECONDS
-        while True:
-            pending = await database_sync_to_async(operator.lease_pending)(lease_pk)
-            if not pending:
-                await self._send({"jsonrpc": "2.0", "id": rpc_id, "result": {"done": True}})
-                return
-            if loop.time() >= deadline:
-                error = RpcError(
-                    RELEASE_UNCONFIRMED,
-                    "cleanup is not yet confirmed; retry release",
-                    data={"pending": pending},
-                )
-                await self._reply_error(rpc_id, error)
-                return
-            await asyncio.sleep(0.05)
+        try:
+            result = await operator.await_release(lease_pk)
+        except RpcError as error:
+            await self._reply_error(rpc_id, error)
+            return
+        await self._send({"jsonrpc": "2.0", "id": rpc_id, "result": result})
 
     async def _on_answer(self, frame: dict):
         unknown = set(frame) - RESPONSE_KEYS
@@ -363,7 +353,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if not self.conn.generation or self.fenced:
             return
         await self._call(
-            outbox.command_answered,
+            answers.command_answered,
             self.conn,
             command_pk,
             frame.get("result"),

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from delegation import metrics
 from delegation.services import children, run_tokens, runners, streams
-from delegation.services.children import Caller
-from delegation.services.runners import Connection
+from delegation.services.identity import Caller, Connection
 from delegation.wire import (
     Params,
     RegisterParams,

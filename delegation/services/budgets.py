@@ -24,9 +24,12 @@ from django.utils import timezone
 
 from delegation.errors import BUDGET_EXHAUSTED, INVALID_PARAMS, RpcError
 from delegation.models import AuditEntry, Budget, Event, Run, RunRollup, RunStatus
+from delegation.selectors import live_descendants
 from delegation.services import alerts, rollups
+from delegation.services.audit import audit, require_operator
 from delegation.services.base import lock_run, store_server_event
-from delegation.services.operator import Actor, audit, request_cancel, require_operator
+from delegation.services.identity import Actor
+from delegation.services.operator import request_cancel
 from delegation.wire import BudgetLimits
 
 log = logging.getLogger(__name__)
@@ -410,8 +413,6 @@ def _stop_subtree(run: Run, reason: str) -> None:
     Listed again after each pass: a child admitted while this transaction waited for its
     parent's lock is stopped too.
     """
-    from delegation.selectors import live_descendants
-
     report = {"runId": run.run_id, "outcome": request_cancel(BUDGET_ACTOR, run, reason)}
     descendants = []
     seen = set()

@@ -24,7 +24,7 @@ from delegation.models import (
     new_token,
 )
 from delegation.selectors import RESULT_RELATED
-from delegation.services.base import Connection
+from delegation.services.identity import Connection
 from delegation.services.runners import current_runner
 from delegation.wire import RunTokenParams
 

@@ -17,8 +17,11 @@ from delegation.models import (
     RunStatus,
 )
 from delegation.services import alerts, rollups
-from delegation.services.base import Connection, lock_run, mark_finished
-from delegation.services.operator import Actor, audit, do_release_lease
+from delegation.services.audit import audit
+from delegation.services.base import lock_run
+from delegation.services.identity import Actor, Connection
+from delegation.services.lifecycle import mark_finished
+from delegation.services.operator import do_release_lease
 from delegation.wire import RegisterParams
 
 RUNNER_LOST_ERROR = "runner lost"

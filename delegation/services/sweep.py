@@ -13,7 +13,8 @@ from django.utils import timezone
 from delegation import notify
 from delegation.models import Lease, LeaseState, Runner
 from delegation.services import budgets, rollups
-from delegation.services.operator import Actor, do_release_lease
+from delegation.services.identity import Actor
+from delegation.services.operator import do_release_lease
 from delegation.services.runners import lose_runner
 
 log = logging.getLogger(__name__)

@@ -5,14 +5,21 @@ from __future__ import annotations
 from datetime import datetime
 
 from ninja import Schema
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from dashboard.api.schemas.common import NO_NUL, no_nul
 from delegation.models import LeaseState
 from delegation.wire import Strict
 
 
 class ReleaseBody(Strict):
-    """No fields: the body may be omitted or `{}`."""
+    """Release a lease; the body may be omitted or `{}`."""
+
+    reason: str = Field(
+        default="", max_length=2000, description="Why; recorded in the audit log.",
+        json_schema_extra={"pattern": NO_NUL},
+    )  # fmt: skip
+    _reason = field_validator("reason")(no_nul)
 
 
 class ReleaseOutcome(Schema):
