@@ -35,10 +35,16 @@ import stat
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:  # presets.py warns through this module: no import at run time
-    from delegation.runner.presets import AgentPreset
+
+class AgentPreset(Protocol):
+    """What the sandbox reads of a preset (presets.AgentPreset, which imports this module)."""
+
+    name: str
+    user: str | None
+    network: str
+    read_only: tuple[str, ...]
 
 log = logging.getLogger("canopy.runner.sandbox")
 
