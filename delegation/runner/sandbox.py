@@ -46,6 +46,7 @@ class AgentPreset(Protocol):
     network: str
     read_only: tuple[str, ...]
 
+
 log = logging.getLogger("canopy.runner.sandbox")
 
 # What a sandbox sees of the machine, read-only: the system, not the runner's files.
