@@ -25,6 +25,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from delegation.models import Event, Run, RunToken, hash_token
+from delegation.runner.acp import AcpPreset
 from delegation.runner.command import CommandEngine, CommandPreset
 from delegation.runner.host import RunnerHost
 from delegation.services import tokens
@@ -350,3 +351,24 @@ async def test_it_stops_a_sandboxed_agent_with_a_sigterm_the_agent_answers(daphn
         stopped = asyncio.get_running_loop().time() - started
     assert "got SIGTERM" in await texts(ctx.run_id)
     assert stopped < 10.0  # it exited on the SIGTERM, not on the SIGKILL after the grace
+
+
+def test_it_contains_both_engines_presets_unless_they_say_none():
+    for preset_class in (CommandPreset, AcpPreset):
+        assert preset_class.from_config({"name": "x", "command": ["a"]}).sandbox == "bwrap"
+        chosen = preset_class.from_config(
+            {
+                "name": "x",
+                "command": ["a"],
+                "sandbox": "none",
+                "user": "nobody",
+                "readOnly": ["/opt"],
+            }
+        )
+        assert (chosen.sandbox, chosen.user, chosen.read_only) == ("none", "nobody", ("/opt",))
+        with pytest.raises(ValueError, match="'sandbox' must be one of bwrap, none"):
+            preset_class.from_config({"name": "x", "command": ["a"], "sandbox": "docker"})
+        with pytest.raises(ValueError, match="'network' 'none' needs a sandbox"):
+            preset_class.from_config(
+                {"name": "x", "command": ["a"], "sandbox": "none", "network": "none"}
+            )
