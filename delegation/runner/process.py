@@ -60,14 +60,35 @@ async def spawn(
 ) -> asyncio.subprocess.Process:
     """Start ``argv`` as the preset says (in its sandbox, with ``home`` as its HOME, and
     ``private``, its MCP configuration's directory; as its account), pipes on all three."""
+    seccomp = None
     if preset.sandboxed:
         if home is None:
             raise ValueError("a sandboxed agent needs its private HOME")
+        seccomp = sandbox.setid_filter_fd()
         prefix = sandbox.bwrap(
-            preset, argv, workspace=workspace, cwd=cwd, env=env, home=home, private=private
+            preset,
+            argv,
+            workspace=workspace,
+            cwd=cwd,
+            env=env,
+            home=home,
+            private=private,
+            seccomp_fd=seccomp,
         )
         argv = prefix + argv
-    process = await asyncio.create_subprocess_exec(
+    try:
+        process = await _exec(preset, argv, cwd=cwd, env=env, limit=limit, seccomp=seccomp)
+    finally:
+        if seccomp is not None:
+            os.close(seccomp)  # bwrap has its own copy
+    # bwrap leads the process group: a SIGTERM to the whole group would end bwrap first, and
+    # bwrap takes its sandbox down with SIGKILL; a cancel signals the agent instead.
+    process.sandboxed = preset.sandboxed
+    return process
+
+
+async def _exec(preset: AgentPreset, argv, *, cwd, env, limit, seccomp):
+    return await asyncio.create_subprocess_exec(
         *argv,
         cwd=cwd,
         env=env,
@@ -79,11 +100,8 @@ async def spawn(
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,  # its own process group: a cancel reaches its children
         limit=limit,
+        pass_fds=() if seccomp is None else (seccomp,),
     )
-    # bwrap leads the process group: a SIGTERM to the whole group would end bwrap first, and
-    # bwrap takes its sandbox down with SIGKILL; a cancel signals the agent instead.
-    process.sandboxed = preset.sandboxed
-    return process
 
 
 def kill_group(pid: int, sig: int) -> None:

@@ -261,9 +261,12 @@ def bwrap(
     env: Mapping[str, str],
     home: PrivateHome,
     private: str | None = None,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """The bubblewrap command line that runs the agent (everything before its argv)."""
     out = ["bwrap", "--die-with-parent", "--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
+    if seccomp_fd is not None:
+        out += ["--seccomp", str(seccomp_fd)]
     if os.geteuid() == 0 and not preset.user:
         out += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID)]
     # No --new-session: the runner already starts bwrap in a session of its own, without a
@@ -326,3 +329,73 @@ def unsandboxed_warning(preset: AgentPreset) -> str:
     return (
         f"preset {preset.name!r} runs its agent without a sandbox, as {who!r}: it can read {reach}"
     )
+
+
+# --- no setuid or setgid files --------------------------------------------------------------
+# A root runner's agent owns what it writes as host root: without this filter it could leave a
+# setuid-root program in the workspace for any local user to run. The filter (seccomp, given
+# to bwrap) refuses every mode change or file creation with S_ISUID/S_ISGID (EPERM), the calls
+# whose mode it cannot see (openat2, io_uring) and every call of another ABI (ENOSYS).
+
+_SETID = 0o6000
+_ARCHES = {
+    # arch: (AUDIT_ARCH, {syscall: index of its mode argument}, syscalls refused outright)
+    "x86_64": (
+        0xC000003E,
+        {90: 1, 91: 1, 268: 2, 452: 2, 2: 2, 257: 3, 85: 1, 133: 1, 259: 2},
+        (437, 425),
+    ),
+    "aarch64": (0xC00000B7, {52: 1, 53: 2, 452: 2, 56: 3, 33: 2}, (437, 425)),
+}
+
+
+def _filter(arch: int, modes: dict[int, int], refused: tuple[int, ...]) -> bytes:
+    import struct
+
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+    ld, jeq, jge, and_, ret = 0x20, 0x15, 0x35, 0x54, 0x06
+    # Each check is "load the mode argument, keep its set-id bits, allow if none": three
+    # instructions after the dispatch; offsets are counted from the next instruction.
+    checks = sorted(modes.items())
+    head = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, enosys), (ld, 0, 0, 0)]
+    head += [(jge, 0, 1, 0x40000000), (ret, 0, 0, enosys)]  # x32 calls
+    for nr in refused:
+        head += [(jeq, 0, 1, nr), (ret, 0, 0, enosys)]
+    dispatch = []
+    for i, (nr, _arg) in enumerate(checks):
+        # jump to check i: past the rest of the dispatch (len(checks) - i - 1), the allow,
+        # and the 3 * i instructions of the checks before it.
+        dispatch.append((jeq, (len(checks) - i - 1) + 1 + 3 * i, 0, nr))
+    body = [(ret, 0, 0, allow)]
+    for _nr, arg in checks:
+        body += [(ld, 0, 0, 16 + 8 * arg), (and_, 0, 0, _SETID), (jeq, 0, 0, 0)]
+    # Each check ends in "jeq 0 -> allow else eperm": two returns after all checks.
+    program = head + dispatch + body
+    tail_allow, tail_eperm = len(program), len(program) + 1
+    fixed = []
+    for index, (code, jt, jf, k) in enumerate(program):
+        if code == jeq and k == 0 and index >= len(head) + len(dispatch):
+            jt, jf = tail_allow - index - 1, tail_eperm - index - 1
+        fixed.append((code, jt, jf, k))
+    fixed += [(ret, 0, 0, allow), (ret, 0, 0, eperm)]
+    return b"".join(struct.pack("=HBBI", *instruction) for instruction in fixed)
+
+
+@functools.cache
+def setid_filter() -> bytes | None:
+    """The seccomp program for this machine's architecture, or None (then unfiltered)."""
+    spec = _ARCHES.get(os.uname().machine)
+    return _filter(*spec) if spec else None
+
+
+def setid_filter_fd() -> int | None:
+    """A file descriptor holding :func:`setid_filter` for one bwrap (the caller closes it)."""
+    program = setid_filter()
+    if program is None:
+        machine = os.uname().machine
+        log.warning("no set-id filter for %s: sandboxed agents may create setuid files", machine)
+        return None
+    fd = os.memfd_create("canopy-seccomp", 0)
+    os.write(fd, program)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd

@@ -153,6 +153,13 @@ async def test_it_holds_a_default_preset_agent_in_a_sandbox_it_cannot_remount(da
     assert report["wroteWorkspace"] and report["wroteHome"] and report["wroteTmp"], report
     assert not report["wroteOutside"] and not (place.outside / "planted").exists()
     assert (place.workspace / "probe.txt").exists()
+    # No setuid/setgid file (it would be root's on the host) is left for a local user to run.
+    assert report["setuid"] == {
+        "chmod": "Operation not permitted",
+        "create": "Operation not permitted",
+    }
+    for path in place.workspace.iterdir():
+        assert not path.stat().st_mode & 0o6000, path
     # The private /tmp held nothing of the host's (the pytest directories, other children).
     assert set(report["tmp"]) <= {"probe.txt", place.base.parts[2]}, report["tmp"]
 

@@ -5,7 +5,8 @@ argv: ``RO_DIR OUTSIDE_DIR``: a directory bound read-only into the sandbox (its 
 ``victim`` must stay unchanged) and one outside the workspace. It reports its uid/gid, its
 capabilities and no_new_privs (from /proc/self/status), and tries: remounting RO_DIR, /usr and
 /etc read-write (the mount syscall itself), writing the victim, /etc and /usr, reading
-/etc/shadow, seeing other processes, writing to its workspace, HOME, /tmp and OUTSIDE_DIR.
+/etc/shadow, seeing other processes, writing to its workspace, HOME, /tmp and OUTSIDE_DIR,
+and leaving a setuid or setgid file in its workspace.
 The report is the ``result`` event: a JSON object.
 """
 
@@ -52,6 +53,25 @@ def reads(path: str) -> bool:
         return False
 
 
+def setuid() -> dict:
+    """Try to leave a setuid program in the workspace: by chmod, and by creating one."""
+    made = os.path.join(os.getcwd(), "setuid-copy")
+    with open(made, "wb") as fh:
+        fh.write(b"#!/bin/sh\n")
+    out = {}
+    try:
+        os.chmod(made, 0o4755)
+        out["chmod"] = "ok"
+    except OSError as exc:
+        out["chmod"] = exc.strerror
+    try:
+        os.close(os.open(made + "-created", os.O_CREAT | os.O_WRONLY, 0o6755))
+        out["create"] = "ok"
+    except OSError as exc:
+        out["create"] = exc.strerror
+    return out
+
+
 remounts = {path: remount(path) for path in (ro_dir, "/usr", "/etc")}
 report = {
     "uid": os.getuid(),
@@ -71,5 +91,6 @@ report = {
     "wroteTmp": writes("/tmp/probe.txt"),
     "wroteOutside": writes(os.path.join(outside, "planted")),
     "tmp": sorted(os.listdir("/tmp")),
+    "setuid": setuid(),
 }
 print(json.dumps({"kind": "result", "text": json.dumps(report)}), flush=True)
