@@ -645,9 +645,9 @@ def test_it_serves_a_growing_demo_tree_and_stops_cleanly_on_ctrl_c():
 # --- the README's shell agent -------------------------------------------------------------
 
 
-def doc_block(language: str, starts_with: str) -> str:
-    """A code block of the README's "Connecting your own agent" section, as shown there."""
-    text = (BASE_DIR / "docs" / "how-to" / "connect-a-cli-agent.md").read_text()
+def doc_block(language: str, starts_with: str, page: str = "connect-a-cli-agent.md") -> str:
+    """A code block of a how-to page (default: connecting a CLI agent), as shown there."""
+    text = (BASE_DIR / "docs" / "how-to" / page).read_text()
     for block in text.split(f"```{language}\n")[1:]:
         body = block.split("```", 1)[0]
         if body.startswith(starts_with):
@@ -726,7 +726,7 @@ async def test_it_connects_the_documented_shell_agent_through_the_command_engine
 
 async def test_it_runs_the_documented_sdk_example(daphne_server, tmp_path):
     token = await new_token("sdk-example")
-    source = doc_block("python", "import asyncio")
+    source = doc_block("python", "import asyncio", page="write-your-own-host.md")
     source = source.replace("ws://127.0.0.1:8000/ws/runner/", daphne_server.ws_url)
     source = source.replace('token="cnr_..."', f"token={token!r}")
     script = tmp_path / "example.py"
