@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install agents run serve test test-postgres lint format bench clean clean-agents
+.PHONY: install agents run serve test test-postgres lint wheel-check format bench clean clean-agents
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -71,6 +71,11 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
+# The wheel, installed into a fresh virtual environment outside the checkout, must migrate,
+# serve and connect a runner (CI runs it after lint).
+wheel-check: install
+	.ci/wheel-check
+
 format: install
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
@@ -79,7 +84,7 @@ bench: install
 	$(PY) -m bench
 
 clean:
-	rm -rf var/canopy-test-*.sqlite3* test-results
+	rm -rf var/canopy-test-*.sqlite3* test-results build *.egg-info
 
 # Also drop the installed agent CLIs (make agents brings them back).
 clean-agents:

@@ -23,7 +23,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 async def _measure(server: Server, token: str) -> dict:
-    from tests.mcp_tools import mcp_session
+    from tests.support.mcp_tools import mcp_session
 
     client = RunnerClient(
         server.ws + "/ws/runner/",

@@ -19,7 +19,7 @@ from canopy.backpressure import with_back_pressure  # noqa: E402
 from dashboard.live import live_application  # noqa: E402
 from delegation import upkeep  # noqa: E402
 from delegation.consumers import RunnerConsumer  # noqa: E402
-from delegation.mcp import McpGate  # noqa: E402
+from delegation.mcp.gate import McpGate  # noqa: E402
 
 websocket_routes = [
     # Runners authenticate with their own bearer token; no session, no Origin check.

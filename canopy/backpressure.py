@@ -15,7 +15,7 @@ import asyncio
 
 from django.conf import settings
 
-from dashboard.live.consumer import _unsent_bytes
+from dashboard.live.backpressure import unsent_bytes
 
 POLL_SECONDS = 0.02
 
@@ -30,7 +30,7 @@ def with_back_pressure(app):
             if message["type"] == "http.response.body" and message.get("more_body"):
                 limit = settings.HTTP_MAX_UNSENT_BYTES
                 while True:
-                    unsent = _unsent_bytes(send)
+                    unsent = unsent_bytes(send)
                     if unsent is None or unsent <= limit:
                         return
                     await asyncio.sleep(POLL_SECONDS)

@@ -92,6 +92,9 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
     "daphne",
+    # Before the admin: its templates (dashboard/templates/admin/base_site.html) restyle the
+    # admin's own, and an app's templates override those of the apps listed after it.
+    "dashboard",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -102,7 +105,6 @@ INSTALLED_APPS = [
     "ninja",
     "axes",
     "delegation",
-    "dashboard",
 ]
 
 MIDDLEWARE = [
@@ -129,7 +131,9 @@ ASGI_APPLICATION = "canopy.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        # Templates live inside their apps (dashboard/templates, delegation/templates), so an
+        # installed wheel carries them as package data.
+        "DIRS": [],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -143,7 +147,16 @@ TEMPLATES = [
 
 # --- Storage -------------------------------------------------------------------------------
 
-DATA_DIR = Path(env_str("CANOPY_DATA_DIR", str(BASE_DIR / "var")))
+# A checkout keeps its data in var/; an installed package (no manage.py beside it) in the
+# user's data directory, never inside site-packages.
+if (BASE_DIR / "manage.py").exists():
+    _DEFAULT_DATA_DIR = BASE_DIR / "var"
+else:
+    _xdg = os.environ.get("XDG_DATA_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "share"
+    )
+    _DEFAULT_DATA_DIR = Path(_xdg) / "canopy"
+DATA_DIR = Path(env_str("CANOPY_DATA_DIR", str(_DEFAULT_DATA_DIR)))
 DATABASE_URL = env_str("DATABASE_URL", "")
 
 if DATABASE_URL:
@@ -313,7 +326,7 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+# Static files live inside their apps (dashboard/static), found by the app directories finder.
 STATIC_ROOT = DATA_DIR / "staticfiles"
 
 LOGIN_URL = "login"

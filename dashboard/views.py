@@ -28,7 +28,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from delegation import roles, selectors
-from delegation.errors import INVALID_PARAMS, PermissionRefused, RpcError
+from delegation.errors import INVALID_PARAMS, PermissionRefused, RpcError, http_status
 from delegation.models import (
     AuditEntry,
     Run,
@@ -78,6 +78,14 @@ def _refuse(request, message: str, status: int = 403):
         _context(request, message=message, status=status),
         status=status,
     )
+
+
+def _refused(request, exc: PermissionRefused | RpcError):
+    """A service's refusal as a page, at the status the REST API gives the same refusal."""
+    status, _code = http_status(exc)
+    if isinstance(exc, PermissionRefused):
+        return _refuse(request, f"Refused: {exc}", status=status)
+    return _refuse(request, exc.message, status=status)
 
 
 def viewer_required(view):
@@ -325,10 +333,8 @@ def run_cancel(request, run_id):
     )
     try:
         report = do_cancel_run(_actor(request), run, reason=reason, cascade=cascade)
-    except PermissionRefused as exc:
-        return _refuse(request, f"Refused: {exc}")
-    except RpcError as exc:
-        return _refuse(request, exc.message, status=400)
+    except (PermissionRefused, RpcError) as exc:
+        return _refused(request, exc)
     stopped = len(report["descendants"])
     text = f"Cancel {report['outcome']} for {run.run_id}" + (
         f" and {stopped} live descendant{'s' if stopped != 1 else ''}" if cascade else ""
@@ -359,10 +365,8 @@ def run_budget(request, run_id):
             replace=True,
             reason=request.POST.get("reason", "").strip()[:500],
         )
-    except PermissionRefused as exc:
-        return _refuse(request, f"Refused: {exc}")
-    except RpcError as exc:
-        return _refuse(request, exc.message, status=400)
+    except (PermissionRefused, RpcError) as exc:
+        return _refused(request, exc)
     shown = ", ".join(f"{k} {v}" for k, v in values.items()) or "no limits"
     return _done(request, run, f"Budget of {run.run_id} set: {shown}")
 
@@ -375,10 +379,8 @@ def lease_release(request, pk):
         raise Http404(f"no lease {pk}")
     try:
         report = release_lease(_actor(request), lease)
-    except PermissionRefused as exc:
-        return _refuse(request, f"Refused: {exc}")
-    except RpcError as exc:
-        return _refuse(request, exc.message, status=400)
+    except (PermissionRefused, RpcError) as exc:
+        return _refused(request, exc)
     pending = report["pending"]
     text = f"Lease {lease.lease_id} {report['state']}" + (
         f"; waiting for {len(pending)} child run(s) to stop" if pending else ""
@@ -434,9 +436,10 @@ def launch(request):
                 ),
             )
         except PermissionRefused as exc:
-            return _refuse(request, f"Refused: {exc}")
+            return _refused(request, exc)
         except RpcError as exc:
-            error, status = exc.message, 409 if exc.code != -32602 else 422
+            # The form is shown again with the service's message, at the refusal's status.
+            error, status = exc.message, http_status(exc)[0]
         else:
             messages.success(request, f"Launched {result['runId']} on {form['runner']}")
             return redirect("tree", result["runId"])

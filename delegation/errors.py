@@ -40,3 +40,40 @@ class RpcError(Exception):
 
 class PermissionRefused(Exception):
     """An operator (person or API token) whose role may not perform the action."""
+
+
+# --- One error -> HTTP status map for every HTTP door (pages and REST) -----------------------
+
+# SPEC §6 codes -> (HTTP status, REST envelope code). Anything not listed is a 400.
+_HTTP_STATUS = {
+    PARSE_ERROR: (400, "bad_request"),
+    INVALID_REQUEST: (400, "bad_request"),
+    INVALID_PARAMS: (422, "invalid"),
+    NOT_OWNED: (404, "not_found"),
+    NO_SUCH_RUN: (404, "not_found"),
+    DEPTH_LIMIT: (409, "conflict"),
+    ADMISSION_REFUSED: (409, "conflict"),
+    PRESET_STALE: (409, "conflict"),
+    REQUEST_ID_REUSED: (409, "conflict"),
+    PARENT_NOT_RUNNING: (409, "conflict"),
+    LEASE_GONE: (409, "conflict"),
+    RELEASE_UNCONFIRMED: (409, "conflict"),
+    BUDGET_EXHAUSTED: (409, "conflict"),
+    NOT_REGISTERED: (409, "conflict"),
+    STALE_CONNECTION: (409, "conflict"),
+}
+_UNLISTED = (400, "bad_request")
+_REFUSED = (403, "forbidden")
+
+
+def http_status(exc: Exception) -> tuple[int, str]:
+    """The HTTP status and REST envelope code for a service's refusal.
+
+    Pages and the REST API both answer with this, so one refusal gets one status whatever
+    door it came through. ``exc`` is an ``RpcError`` or a ``PermissionRefused``.
+    """
+    if isinstance(exc, PermissionRefused):
+        return _REFUSED
+    if isinstance(exc, RpcError):
+        return _HTTP_STATUS.get(exc.code, _UNLISTED)
+    raise TypeError(f"not a service refusal: {exc!r}")

@@ -1,6 +1,6 @@
 """Webhooks (SPEC §10 "Alerts"): configure, delete, test, and the delivery log. Admins only."""
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from django.http import Http404
 from ninja import Query, Router, Schema, Status
@@ -10,38 +10,41 @@ from dashboard.api.core import (
     DEFAULT_LIMIT,
     ApiError,
     ErrorOut,
+    NoParams,
     actor_for,
     keyset_page,
     strict_query,
 )
-from dashboard.api.runs import NoParams
-from dashboard.api.schemas import IdParam, LimitParam, cursor_param
+from dashboard.api.schemas.alerts import (
+    DeliveryItem,
+    DeliveryPage,
+    WebhookBody,
+    WebhookCreated,
+    WebhookItem,
+    WebhookPage,
+)
+from dashboard.api.schemas.common import IdParam, LimitParam, cursor_param
 from delegation import roles
 from delegation.models import ALERT_KINDS, DeliveryState, Webhook, WebhookAttempt, WebhookDelivery
 from delegation.services import alerts
-from delegation.wire import Strict
 
 router = Router(tags=["alerts"])
 
+
 ADMIN_READ = {401: ErrorOut, 403: ErrorOut, 422: ErrorOut}
+
+
 ADMIN_ONE = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut}
+
+
 ADMIN_ACT = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut}
+
 
 SIGNATURE_DOC = (
     'Each delivery is a JSON POST `{"id", "kind", "createdAt", "data"}` with '
     "`X-Canopy-Signature: sha256=<hex HMAC-SHA256 of the raw body, keyed with the webhook's "
     "secret>`, `X-Canopy-Delivery: <id>` and `X-Canopy-Event: <kind>`; it is retried with "
     "exponential backoff until answered 2xx, or given up a day after it was stored."
-)
-
-AlertKind = Literal[ALERT_KINDS]  # type: ignore[valid-type]
-# What the service accepts, as exactly as a pattern can say it: https anywhere, or http to
-# loopback; no credentials, no spaces, a port from 1 to 65535 (the schema test generates
-# from this, so whatever it admits the service accepts).
-_PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
-URL_PATTERN = (
-    r"^(https://[a-z0-9]([a-z0-9.-]{0,60}[a-z0-9])?"
-    r"|http://(127\.0\.0\.1|localhost|\[::1\]))(:" + _PORT + r")?(/[!-~]{0,200})?$"
 )
 
 
@@ -53,67 +56,6 @@ def require_admin_reader(request) -> None:
             f"user {request.auth.get_username()!r} has role {roles.role_of(request.auth)}; "
             "webhooks need admin",
         )
-
-
-class WebhookBody(Strict):
-    """A new webhook. Omit `secret` to have one made; it is answered once, here."""
-
-    url: Annotated[str, Field(pattern=URL_PATTERN, max_length=2048)] = Field(
-        description="HTTPS, or plain HTTP to loopback only (127.0.0.1, ::1, localhost)"
-    )
-    kinds: Annotated[list[AlertKind], Field(min_length=1, max_length=16)] = Field(
-        description="Which alerts to send: " + ", ".join(ALERT_KINDS)
-    )
-    secret: Annotated[str, Field(pattern=r"^[!-~]{16,256}$")] = Field(
-        default=None, description="HMAC key, 16 to 256 printable ASCII characters"
-    )
-    active: bool = True
-    name: Annotated[str, Field(max_length=128, pattern=r"^[^\x00]*$")] = ""
-
-
-class WebhookItem(Schema):
-    id: int
-    name: str
-    url: str
-    kinds: list[str]
-    active: bool
-    createdAt: str  # noqa: N815
-    createdBy: str  # noqa: N815
-
-
-class WebhookCreated(WebhookItem):
-    secret: str = Field(description="The signing secret; not shown again")
-
-
-class WebhookPage(Schema):
-    items: list[WebhookItem]
-    next: str | None
-
-
-class AttemptItem(Schema):
-    number: int
-    startedAt: str  # noqa: N815
-    durationMs: int  # noqa: N815
-    statusCode: int | None  # noqa: N815
-    error: str
-
-
-class DeliveryItem(Schema):
-    id: int
-    deliveryId: str  # noqa: N815
-    webhook: int
-    kind: str
-    state: str = Field(description="pending, delivered or given-up")
-    attempts: list[AttemptItem]
-    createdAt: str  # noqa: N815
-    nextAttemptAt: str | None  # noqa: N815
-    deliveredAt: str | None  # noqa: N815
-    body: str = Field(description="The exact body sent (and signed)")
-
-
-class DeliveryPage(Schema):
-    items: list[DeliveryItem]
-    next: str | None
 
 
 def _iso(value):

@@ -27,9 +27,8 @@ from ninja.security.base import AuthBase
 from ninja.utils import check_csrf
 from pydantic import Field
 
-from delegation import errors as rpc
 from delegation import roles
-from delegation.errors import PermissionRefused, RpcError
+from delegation.errors import PermissionRefused, RpcError, http_status
 from delegation.services import operator, tokens
 from delegation.wire import loads_strict
 
@@ -66,25 +65,6 @@ class ApiError(Exception):
         self.message = message
         self.rpc_code = rpc_code
 
-
-# SPEC §6 codes -> (HTTP status, envelope code). Anything else is a 400.
-RPC_STATUS = {
-    rpc.PARSE_ERROR: (400, "bad_request"),
-    rpc.INVALID_REQUEST: (400, "bad_request"),
-    rpc.INVALID_PARAMS: (422, "invalid"),
-    rpc.NOT_OWNED: (404, "not_found"),
-    rpc.NO_SUCH_RUN: (404, "not_found"),
-    rpc.DEPTH_LIMIT: (409, "conflict"),
-    rpc.ADMISSION_REFUSED: (409, "conflict"),
-    rpc.PRESET_STALE: (409, "conflict"),
-    rpc.REQUEST_ID_REUSED: (409, "conflict"),
-    rpc.PARENT_NOT_RUNNING: (409, "conflict"),
-    rpc.LEASE_GONE: (409, "conflict"),
-    rpc.RELEASE_UNCONFIRMED: (409, "conflict"),
-    rpc.BUDGET_EXHAUSTED: (409, "conflict"),
-    rpc.NOT_REGISTERED: (409, "conflict"),
-    rpc.STALE_CONNECTION: (409, "conflict"),
-}
 
 ERRORS_DOC = """
 **Errors.** Every error answers `{"error": {"code": ..., "message": ...}}`; `message` names the
@@ -136,8 +116,26 @@ def _rule(item: dict) -> str:
     return item["msg"]
 
 
+# operationIds are published (clients generate code from them), and ninja derives them from
+# the view's module. These modules hold operations that lived in another before the routers
+# were split per resource; their ids keep the module they were published under.
+_PUBLISHED_MODULE = {
+    "dashboard.api.run_actions": "dashboard.api.runs",
+    "dashboard.api.sessions": "dashboard.api.resources",
+    "dashboard.api.leases": "dashboard.api.resources",
+    "dashboard.api.runners": "dashboard.api.resources",
+    "dashboard.api.audit": "dashboard.api.resources",
+}
+
+
 class CanopyAPI(NinjaAPI):
-    """NinjaAPI with validation messages that keep the one fact ninja drops: a ``null``."""
+    """NinjaAPI with validation messages that keep the one fact ninja drops (a ``null``), and
+    operationIds that do not move when code moves between modules."""
+
+    def get_openapi_operation_id(self, operation) -> str:
+        module = operation.view_func.__module__
+        module = _PUBLISHED_MODULE.get(module, module)
+        return f"{module}_{operation.view_func.__name__}".replace(".", "_")
 
     def validation_error_from_error_contexts(self, error_contexts) -> ValidationError:
         problems = []
@@ -209,12 +207,13 @@ def install_error_handlers(api: NinjaAPI) -> None:
 
     @api.exception_handler(RpcError)
     def _rpc(request, exc: RpcError):
-        status, code = RPC_STATUS.get(exc.code, (400, "bad_request"))
+        status, code = http_status(exc)
         return respond(request, status, code, exc.message, exc.code)
 
     @api.exception_handler(PermissionRefused)
     def _refused(request, exc):
-        return respond(request, 403, "forbidden", str(exc))
+        status, code = http_status(exc)
+        return respond(request, status, code, str(exc))
 
     @api.exception_handler(Http404)
     def _not_found(request, exc):
@@ -224,6 +223,28 @@ def install_error_handlers(api: NinjaAPI) -> None:
     def _crash(request, exc):
         log.exception("REST API error on %s %s", request.method, request.path)
         return respond(request, 500, "internal_error", "internal error; see the server log")
+
+
+# --- What every router shares ----------------------------------------------------------------
+
+# The error answers each kind of operation documents.
+READ = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut}
+LIST = {401: ErrorOut, 403: ErrorOut, 422: ErrorOut}
+ACT = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut}
+
+
+def has_nul(*values) -> bool:
+    """PostgreSQL text cannot hold NUL: such a filter matches nothing, so answer that."""
+    for value in values:
+        if isinstance(value, str) and "\x00" in value:
+            return True
+        if isinstance(value, list) and has_nul(*value):
+            return True
+    return False
+
+
+class NoParams(Schema):
+    pass
 
 
 # --- Authentication ---------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Runs: list and filter, detail, subtree, events, NDJSON export, and the run actions."""
+"""Reading runs: lists and filters, a run, its subtree, its events (paged and NDJSON export)
+and its steer receipts."""
 
 import itertools
 import json
@@ -9,7 +10,7 @@ from django.core.handlers.asgi import ASGIRequest
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import F, Q
 from django.db.models.functions import Coalesce
-from django.http import Http404, StreamingHttpResponse
+from django.http import StreamingHttpResponse
 from django.utils import timezone
 from ninja import Query, Router, Schema
 from pydantic import Field
@@ -18,92 +19,31 @@ from pydantic import Field as PydanticField
 from dashboard.api import export
 from dashboard.api.core import (
     DEFAULT_LIMIT,
+    LIST,
+    READ,
     ErrorOut,
-    actor_for,
+    NoParams,
     decode_cursor,
     encode_cursor,
+    has_nul,
     keyset_page,
     strict_query,
 )
-from dashboard.api.schemas import (
-    BudgetBody,
-    BudgetOut,
-    CancelBody,
-    CancelReport,
+from dashboard.api.rows import counts_out, find_run, run_item
+from dashboard.api.schemas.common import (
+    BIGINT_MAX,
     DepthParam,
-    EventPage,
-    LaunchBody,
     LimitParam,
     QueryBool,
     QueryTime,
-    RunDetail,
-    RunPage,
-    RunResult,
     SequenceParam,
-    SteerBody,
-    SteerOutcome,
-    SteerReceiptList,
-    TreeNode,
     cursor_param,
 )
+from dashboard.api.schemas.runs import EventPage, RunDetail, RunPage, SteerReceiptList, TreeNode
 from delegation import selectors
 from delegation.models import RunStatus
-from delegation.services import budgets, operator
-from delegation.services.launch import Launch, do_launch_run
 
 router = Router(tags=["runs"])
-
-READ = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut}
-LIST = {401: ErrorOut, 403: ErrorOut, 422: ErrorOut}
-ACT = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut}
-
-
-def has_nul(*values) -> bool:
-    """PostgreSQL text cannot hold NUL: such a filter matches nothing, so answer that."""
-    for value in values:
-        if isinstance(value, str) and "\x00" in value:
-            return True
-        if isinstance(value, list) and has_nul(*value):
-            return True
-    return False
-
-
-def find_run(run_id: str):
-    run = None if has_nul(run_id) else selectors.run_for_detail(run_id)
-    if run is None:
-        raise Http404(f"runId: no run {run_id!r}")
-    return run
-
-
-STATUS_VALUES = tuple(status.value for status in RunStatus)
-
-
-def counts_out(counts: dict[str, int]) -> dict:
-    out = {status: counts.get(status, 0) for status in STATUS_VALUES}
-    out["total"] = sum(counts.values())
-    return out
-
-
-def with_usage(item: dict, now) -> dict:
-    """Replace a row's joined rollup and budget columns with ``usage`` and ``budget``."""
-    item["usage"], item["budget"] = selectors.pop_usage(
-        item, item["createdAt"], item["finishedAt"], item["status"], now
-    )
-    return item
-
-
-def run_item(row: dict, now=None) -> dict:
-    """A row of ``selectors.run_rows`` as the API shows it: "" for absent references."""
-    item = with_usage(dict(row), now or timezone.now())
-    for key in ("parentRunId", "parentConversationId", "leaseId"):
-        if item[key] is None:
-            item[key] = ""
-    if item["rootRunId"] is None:
-        item["rootRunId"] = item["runId"]
-    return item
-
-
-# --- List ------------------------------------------------------------------------------------
 
 
 # A cursor of the default order is the run's key; of a usage order, the value and the key.
@@ -158,7 +98,6 @@ _USAGE_ORDERS = {
 
 
 _CURSOR_ORDERS = {kind: order for order, (kind, _expr) in _USAGE_ORDERS.items()}
-BIGINT_MAX = 2**63 - 1
 
 
 def usage_page(rows, order: str, cursor: str | None, limit: int) -> dict:
@@ -224,13 +163,6 @@ def list_runs(request, filters: Query[RunFilters]):
     now = timezone.now()
     page["items"] = [run_item(row, now) for row in page["items"]]
     return page
-
-
-# --- Detail and tree ---------------------------------------------------------------------------
-
-
-class NoParams(Schema):
-    pass
 
 
 @router.get(
@@ -361,9 +293,6 @@ def _tree_json(run, levels, top_parent, root_run_id, usage=False):
         yield "".join(out)
 
 
-# --- Events ------------------------------------------------------------------------------------
-
-
 class EventParams(Schema):
     after: SequenceParam = Field(
         default=None,
@@ -468,99 +397,3 @@ def list_steers(request, runId: str):  # noqa: N803
             for receipt in selectors.steer_receipts(run)
         ]
     }
-
-
-# --- Actions -----------------------------------------------------------------------------------
-
-
-@router.post(
-    "/runs",
-    response={201: RunResult, **ACT},
-    summary="Launch a top-level run on a connected runner",
-    description="Needs the operator role. Stores the session and run at depth 0, sends the "
-    "runner `run.execute` (the params of child.execute) and audits the launch; answers the "
-    "run's Result. A runner that is unknown or not connected, or has no such preset, is 409 "
-    "with the reason (rpcCode −32001 / −32012); a preset offered by several extensions needs "
-    "`extensionId` (422).",
-)
-@strict_query(NoParams)
-def launch_run(request, body: LaunchBody):
-    launch = Launch(
-        runner=body.runner,
-        profile=body.profile,
-        message=body.message,
-        extension_id=body.extension_id,
-        cwd=body.cwd,
-        budget=body.budget.limits() if body.budget is not None else None,
-    )
-    return 201, do_launch_run(actor_for(request), launch)
-
-
-@router.post(
-    "/runs/{runId}/cancel",
-    response={200: CancelReport, **ACT},
-    summary="Cancel a run (optionally its whole subtree)",
-    description="Needs the operator role (a refusal is audited). Through the engine's "
-    "do_cancel_run, the same path as child.cancel: records `cancel-requested` and tells the "
-    "runner; `done && cancelled` appear once the runner confirms. Idempotent. The body may be "
-    "omitted.",
-)
-@strict_query(NoParams)
-def cancel_run(request, runId: str, body: CancelBody = CancelBody()):  # noqa: N803, B008
-    run = find_run(runId)
-    body = body or CancelBody()
-    return operator.do_cancel_run(actor_for(request), run, reason=body.reason, cascade=body.cascade)
-
-
-@router.post(
-    "/runs/{runId}/steer",
-    response={200: SteerOutcome, **ACT},
-    exclude_unset=True,
-    summary="Steer a running run",
-    description="Needs the operator role. Same rules and idempotency as child.steer: "
-    "`injected` when the run is running (a `steer` event is recorded and the runner gets "
-    "run.steer), else `promptRequired`/`noRunningTurn`. A reused requestId with another "
-    "message is 409 (rpcCode −32013); the 129th receipt of a child is 409 (−32011).",
-)
-@strict_query(NoParams)
-def steer_run(request, runId: str, body: SteerBody):  # noqa: N803
-    run = find_run(runId)
-    return operator.do_steer_run(
-        actor_for(request), run, request_id=body.request_id, message=body.message
-    )
-
-
-BUDGET_DOC = (
-    "Needs the operator role (a refusal is audited); the change is audited with the limits "
-    "before and after. The budget bounds the run's whole subtree: a `child.start` beyond "
-    "`maxRuns`/`maxLive`, or once tokens or cost are used up, is refused with −32017; crossing "
-    "`maxTokens`, `maxCostUsd` or `maxSeconds` cancels the subtree (`budget-exceeded`), and 80% "
-    "stores one `budget-warning`. Setting a budget re-arms both, and a limit set below what is "
-    "already used stops the subtree at once."
-)
-
-
-@router.put(
-    "/runs/{runId}/budget",
-    response={200: BudgetOut, **ACT},
-    summary="Set a run's budget (exactly these limits)",
-    description=BUDGET_DOC,
-)
-@strict_query(NoParams)
-def put_budget(request, runId: str, body: BudgetBody):  # noqa: N803
-    run = find_run(runId)
-    budgets.do_set_budget(actor_for(request), run, body.limits(), replace=True, reason=body.reason)
-    return selectors.usage_of_run(find_run(runId))[1]
-
-
-@router.patch(
-    "/runs/{runId}/budget",
-    response={200: BudgetOut, **ACT},
-    summary="Change some limits of a run's budget",
-    description=BUDGET_DOC,
-)
-@strict_query(NoParams)
-def patch_budget(request, runId: str, body: BudgetBody):  # noqa: N803
-    run = find_run(runId)
-    budgets.do_set_budget(actor_for(request), run, body.limits(), replace=False, reason=body.reason)
-    return selectors.usage_of_run(find_run(runId))[1]

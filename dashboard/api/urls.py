@@ -11,7 +11,7 @@ from django.http import HttpResponseNotAllowed, JsonResponse
 from django.urls import re_path
 from django.views.decorators.csrf import csrf_exempt
 
-from dashboard.api import api
+from dashboard.api.app import api
 from dashboard.api.core import error_body
 
 

@@ -1,8 +1,12 @@
 """The live socket for operators, ``/ws/live/`` (SPEC §7).
 
 Modules: ``frames`` (the frames in and out, parsed strictly), ``gate`` (Origin, session and
-bearer-token checks), ``consumer`` (subscriptions, catch-up, heartbeats). Reads come from
-``delegation.selectors``; close codes and bearer parsing from ``delegation.protocol``.
+bearer-token checks), ``consumer`` (the ASGI handler: handshake, frames in, doorbells in),
+``connection`` (one socket's state and its worker: sends, heartbeats, re-auth), one module per
+subscription kind (``runs``, ``trees``, ``overview``, ``runners``), ``caps`` (limits per user
+and socket), ``read_cache`` (reads shared by the sockets of a process) and ``backpressure``
+(pausing for a client that stopped reading). Reads come from ``delegation.selectors``; close
+codes and bearer parsing from ``delegation.protocol``.
 
 Authentication: the browser's Django session (the handshake's ``Origin`` must be exactly
 the server's own origin - scheme, host and port of the request - or one of

@@ -14,7 +14,7 @@ import socket
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Self
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
@@ -35,14 +35,12 @@ from delegation.client.streams import _UNSET, RunStream
 from delegation.errors import RpcError
 from delegation.protocol import CLOSE_FENCED, CLOSE_UNAUTHORIZED, MAX_FRAME_BYTES
 
-if TYPE_CHECKING:
-    from delegation.client.api import RunnerClient
-
-
 log = logging.getLogger("canopy.client")
 
 
-Handler = Callable[[dict, "RunnerClient"], Awaitable[Any]]
+# A server command's handler gets its params and the client (a ``RunnerClient``; typed loosely
+# so that this module imports nothing above it).
+Handler = Callable[[dict, Any], Awaitable[Any]]
 
 
 @dataclass
@@ -108,7 +106,7 @@ class Connection:
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    async def __aenter__(self) -> RunnerClient:
+    async def __aenter__(self) -> Self:
         await self.connect()
         return self
 

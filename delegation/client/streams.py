@@ -6,17 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from delegation import errors as codes
 from delegation.client.errors import ClientError, ClientTimeout
 from delegation.client.shapes import EmitAck
 from delegation.errors import RpcError
 from delegation.protocol import SERVER_EVENT_KINDS
-
-if TYPE_CHECKING:
-    from delegation.client.api import RunnerClient
-
 
 EVENT_FIELDS = ("kind", "text", "toolName", "toolCallId", "input", "toolOutput", "success", "error")
 # The server refuses frames over MAX_FRAME_BYTES; stay well below it when batching events.
@@ -83,6 +79,16 @@ def _check_event(ev: Mapping[str, Any]) -> dict:
     return out
 
 
+class StreamOwner(Protocol):
+    """What a :class:`RunStream` needs of its client (the ``RunnerClient``), named here so that
+    this module imports nothing above it."""
+
+    call_timeout: float
+    _streams: dict[str, RunStream]
+
+    async def call(self, method: str, params: Mapping[str, Any], timeout: float | None = None): ...
+
+
 class RunStream:
     """The runner-side numbering of one run's events (SPEC §5 ``from`` / ``emitted``).
 
@@ -90,7 +96,7 @@ class RunStream:
     frame lost with a connection is sent again from ``emitted + 1``.
     """
 
-    def __init__(self, client: RunnerClient, run_id: str, emitted: int = 0):
+    def __init__(self, client: StreamOwner, run_id: str, emitted: int = 0):
         self.client = client
         self.run_id = run_id
         self.emitted = emitted  # confirmed by the server

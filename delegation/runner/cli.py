@@ -14,8 +14,9 @@ import sys
 
 from delegation import depth as depthlib
 from delegation.client import AuthenticationFailed, ClientError, Fenced
-from delegation.runner.command import CommandEngine, load_config
+from delegation.runner.command import CommandEngine
 from delegation.runner.host import RunnerHost
+from delegation.runner.presets import load_config
 from delegation.runner.scripted import ScriptedConfig, ScriptedEngine
 
 log = logging.getLogger("canopy.runner")

@@ -9,8 +9,7 @@ from asgiref.sync import sync_to_async
 from delegation.errors import BUDGET_EXHAUSTED
 from delegation.models import Event
 from delegation.services import tokens
-from tests.live_server import daphne_factory, daphne_server  # noqa: F401  (fixtures)
-from tests.mcp_tools import LiveRunner, mcp_session
+from tests.support.mcp_tools import LiveRunner, mcp_session
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -21,7 +20,7 @@ def runner_token(transactional_db):
 
 
 async def test_it_labels_a_budget_refusal_through_mcp_with_the_mcp_door(
-    daphne_server,  # noqa: F811
+    daphne_server,
     runner_token,
 ):
     async with LiveRunner(daphne_server, runner_token) as live:

@@ -7,25 +7,20 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import signal
 from collections import deque
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 from acp import PROTOCOL_VERSION, RequestError, text_block
 from acp.client.connection import ClientSideConnection
 from acp.schema import ClientCapabilities, HttpHeader, HttpMcpServer, Implementation
 
-from delegation import depth as depthlib
-from delegation import errors as codes
-from delegation.client import ClientError, Preset, RpcError, event
+from delegation.client import ClientError, RpcError, event
 from delegation.runner import mcpconfig
+from delegation.runner import process as proc
 from delegation.runner.acp.presets import AcpPreset, AcpRefused
 from delegation.runner.acp.session import CHUNK_MAX_AGE, Session
-from delegation.runner.command import PASSED_ENV, confine
 from delegation.runner.host import Outcome, RunContext
+from delegation.runner.presets import PresetEngine, confine
 
 log = logging.getLogger("canopy.runner.acp")
 STDERR_TAIL = 20
@@ -35,24 +30,13 @@ STREAM_LIMIT = 50 * 1024 * 1024
 McpProvider = mcpconfig.McpProvider
 
 
-class AcpEngine:
+class AcpEngine(PresetEngine):
     name = "acp"
+    preset_class = AcpPreset
+    missing = "has no ACP agent here"
 
-    def __init__(
-        self,
-        presets: list[AcpPreset],
-        workspace: str,
-        *,
-        mcp: McpProvider | None = None,
-    ):
-        if not presets:
-            raise ValueError("the acp engine needs at least one preset")
-        names = [p.name for p in presets]
-        if len(set(names)) != len(names):
-            raise ValueError("duplicate preset names")
-        self.presets_by_name = {p.name: p for p in presets}
-        self.workspace = str(Path(workspace).resolve())
-        self.mcp = mcp
+    def __init__(self, presets: list[AcpPreset], workspace: str, *, mcp: McpProvider | None = None):
+        super().__init__(presets, workspace, mcp=mcp)
         # session/cancel grace, then SIGTERM grace, before the host tears the run down.
         self.cancel_grace = 2 * max(p.cancel_grace for p in presets) + 2.0
         # conversationId -> the agent's session id, for session/load on a resume.
@@ -61,43 +45,15 @@ class AcpEngine:
         # keeps counting from there, and only what is new adds to the resumed run's totals.
         self.costs: dict[str, float] = {}
 
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], workspace: str | None = None, **kwargs):
-        presets = [AcpPreset.from_config(p) for p in config["presets"]]
-        return cls(presets, workspace or config.get("workspace") or os.getcwd(), **kwargs)
-
-    def presets(self) -> list[Preset]:
-        return [
-            Preset(p.name, p.system_prompt, dict(p.options) if p.options else None)
-            for p in self.presets_by_name.values()
-        ]
-
-    def check(self, command, host) -> None:
-        preset = self.presets_by_name.get(command.preset.name)
-        if preset is None:
-            raise RpcError(
-                codes.INVALID_PARAMS, f"preset {command.preset.name!r} has no ACP agent here"
-            )
-        try:
-            confine(self.workspace, command.request.get("cwd") or preset.cwd)
-        except ValueError as exc:
-            raise RpcError(codes.INVALID_PARAMS, f"request.cwd: {exc}") from None
-
     def environment(self, ctx: RunContext, preset: AcpPreset, cwd: str) -> dict[str, str]:
-        # The command engine's allow-list: none of the runner's own environment (its token,
-        # server secrets) reaches the agent.
-        env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
-        env.update(preset.env)
-        env.update(
-            {
-                "CANOPY_RUN_ID": ctx.run_id,
-                "CANOPY_CONVERSATION_ID": ctx.conversation_id,
-                "CANOPY_PROFILE": preset.name,
-                "CANOPY_WORKSPACE": self.workspace,
-                "CANOPY_CWD": cwd,
-            }
-        )
-        return depthlib.child_env(ctx.depth, env)
+        identity = {
+            "CANOPY_RUN_ID": ctx.run_id,
+            "CANOPY_CONVERSATION_ID": ctx.conversation_id,
+            "CANOPY_PROFILE": preset.name,
+            "CANOPY_WORKSPACE": self.workspace,
+            "CANOPY_CWD": cwd,
+        }
+        return proc.environment(preset, preset.env, identity, ctx.depth)
 
     async def mcp_servers(self, ctx: RunContext, session: Session) -> list[HttpMcpServer]:
         try:
@@ -120,16 +76,14 @@ class AcpEngine:
     # -- one child ---------------------------------------------------------------------
 
     async def run(self, ctx: RunContext) -> Outcome:
-        preset = self.presets_by_name[ctx.preset.name if ctx.preset else ctx.profile]
+        preset = self.preset_of(ctx)
         cwd = confine(self.workspace, ctx.cwd or preset.cwd)
-        process = await asyncio.create_subprocess_exec(
-            *preset.command,
+        process = await proc.spawn(
+            preset,
+            list(preset.command),
+            workspace=self.workspace,
             cwd=cwd,
             env=self.environment(ctx, preset, cwd),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,  # its own process group: stopping it reaches its children
             limit=STREAM_LIMIT,
         )
         ctx.data["process"] = process
@@ -139,7 +93,7 @@ class AcpEngine:
         session = Session(ctx, preset, queue)
         ctx.data["acp_session"] = session
         stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL)
-        sender = asyncio.create_task(self._send(ctx, queue))
+        sender = asyncio.create_task(proc.send_batches(ctx, queue))
         stderr = asyncio.create_task(self._stderr(process, stderr_tail, ctx))
         ticker = asyncio.create_task(self._tick(session))
         conn = ClientSideConnection(session, process.stdin, process.stdout)
@@ -165,7 +119,7 @@ class AcpEngine:
             self.costs[ctx.conversation_id] = session.cost_seen
             with contextlib.suppress(Exception):
                 await conn.close()
-            await self._stop(process, preset.cancel_grace)
+            await proc.stop(process, preset.cancel_grace)
             stderr.cancel()
             ticker.cancel()
             session.flush()
@@ -297,19 +251,6 @@ class AcpEngine:
         ctx.steers.put_nowait(message)
         return "injected"
 
-    async def _send(self, ctx: RunContext, queue: asyncio.Queue) -> None:
-        done = False
-        while not done:
-            batch = [await queue.get()]
-            while not queue.empty():
-                batch.append(queue.get_nowait())
-            if batch[-1] is None:
-                batch.pop()
-                done = True
-            batch = [ev for ev in batch if ev is not None]
-            if batch:
-                await ctx.emit(*batch)
-
     async def _tick(self, session: Session) -> None:
         while True:
             await asyncio.sleep(CHUNK_MAX_AGE / 2)
@@ -329,28 +270,3 @@ class AcpEngine:
             if line:
                 tail.append(line)
                 log.debug("acp agent %s: %s", process.pid, line)
-
-    async def _stop(self, process, grace: float) -> None:
-        """End the agent: close its stdin, then SIGTERM its group, then SIGKILL."""
-        if process.stdin is not None:
-            with contextlib.suppress(Exception):
-                process.stdin.close()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(0.2):
-                await process.wait()
-        if process.returncode is None:
-            _kill_group(process.pid, signal.SIGTERM)
-            try:
-                async with asyncio.timeout(grace):
-                    await process.wait()
-            except TimeoutError:
-                log.info("acp agent %s ignored SIGTERM for %.1fs; killing it", process.pid, grace)
-        # Whatever the agent started in its group goes too.
-        _kill_group(process.pid, signal.SIGKILL)
-        with contextlib.suppress(Exception):
-            await process.wait()
-
-
-def _kill_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)

@@ -1,6 +1,5 @@
 """A REST release follows SPEC §6's rule for child.lease.release, as the runner socket does: it
 waits for the lease's children to finish before answering, and audits its reason."""
-# ruff: noqa: F811 - pytest fixtures are imported from tests.test_api_support
 
 import threading
 import time
@@ -10,7 +9,6 @@ from django.db import connection
 
 from delegation import rpc
 from delegation.models import AuditEntry, Lease
-from tests.test_api_support import as_, world  # noqa: F401
 
 # Transactional: the release must commit before the runner's confirmation can land.
 pytestmark = pytest.mark.django_db(transaction=True)

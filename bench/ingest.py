@@ -1,0 +1,168 @@
+"""Ingest: events per second from four runners into one server on SQLite and PostgreSQL,
+beside the database's own ceilings, and with usage rollups on and off."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+
+from bench.rpc import TEXT, Runner
+from bench.servers import Database, Server
+from bench.table import results
+
+INGEST_RUNNERS = 4
+INGEST_FRAMES = 100
+INGEST_BATCH = 100
+
+
+INGEST_ROUNDS = 3
+
+
+async def _ingest(url: str, tokens: list[str]) -> float:
+    """The median of INGEST_ROUNDS rounds: a shared 2-core machine is noisy."""
+    rates = [await _ingest_round(url, tokens, round_) for round_ in range(INGEST_ROUNDS)]
+    return statistics.median(rates)
+
+
+async def _race(url: str, tokens: list[str], prepare) -> float:
+    """Events per second with every runner sending at once: each connects and ``prepare``s
+    its run (returning the run id and a frame's events), then all send INGEST_FRAMES frames
+    together, each frame waiting for the last one's answer as a runner's does."""
+
+    async def one(index: int, token: str):
+        runner = await Runner.connect(url, token)
+        run_id, events = await prepare(index, runner)
+        await ready.wait()
+        for frame in range(INGEST_FRAMES):
+            await runner.call(
+                "run.event", {"runId": run_id, "from": frame * INGEST_BATCH + 1, "events": events}
+            )
+        await runner.ws.close()
+
+    ready = asyncio.Event()
+    tasks = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(tokens)]
+    await asyncio.sleep(0.5)
+    started = time.perf_counter()
+    ready.set()
+    await asyncio.gather(*tasks)
+    return len(tokens) * INGEST_FRAMES * INGEST_BATCH / (time.perf_counter() - started)
+
+
+async def _ingest_round(url: str, tokens: list[str], round_: int) -> float:
+    async def prepare(index: int, runner: Runner):
+        await runner.register()
+        run_id = f"ingest-{round_}-{index}"
+        await runner.call("run.open", {"conversationId": f"c-{run_id}", "runId": run_id})
+        events = [{"kind": "text-delta", "text": TEXT} for _ in range(INGEST_BATCH)]
+        return run_id, events
+
+    return await _race(url, tokens, prepare)
+
+
+def ingest(kind: str):
+    db = Database(kind)
+    try:
+        tokens = [db.runner_token(f"ingest-{i}") for i in range(INGEST_RUNNERS)]
+        server = Server(db)
+        try:
+            rate = asyncio.run(_ingest(server.ws, tokens))
+        finally:
+            server.stop()
+        total = INGEST_RUNNERS * INGEST_FRAMES * INGEST_BATCH
+
+        def rows_per_s(step: str, *args: str) -> float:
+            rows = ("--rows", str(total), "--batch", str(INGEST_BATCH))
+            return json.loads(db.python("bench.seed", step, *rows, *args))["rows_per_s"]
+
+        ceiling = rows_per_s("ceiling")
+        driver = rows_per_s("driver-ceiling")
+        # Informative: on PostgreSQL the server commits from several connections at once.
+        if kind == "postgres":
+            writers = rows_per_s("driver-ceiling", "--writers", str(INGEST_RUNNERS))
+    finally:
+        db.close()
+    results[f"ingest_{kind}_events_per_s"] = round(rate)
+    results[f"ingest_{kind}_ceiling_rows_per_s"] = round(ceiling)
+    results[f"ingest_{kind}_ratio"] = round(rate / ceiling, 3)
+    results[f"ingest_{kind}_driver_ceiling_rows_per_s"] = round(driver)
+    results[f"ingest_{kind}_driver_ratio"] = round(rate / driver, 3)
+    if kind == "postgres":
+        results[f"ingest_{kind}_driver_ceiling_{INGEST_RUNNERS}_writers_rows_per_s"] = round(
+            writers
+        )
+        results[f"ingest_{kind}_driver_ratio_{INGEST_RUNNERS}_writers"] = round(rate / writers, 3)
+
+
+# --- ingest with usage rollups on and off ---------------------------------------------------
+
+# Frames of INGEST_BATCH events, one in ROLLUP_USAGE_EVERY a usage event (an agent reports one
+# per model turn), written by runs two levels down a tree, so each frame's usage goes up a
+# chain of three rollup rows. The same frames go to a server with ROLLUPS_ENABLED=false (the
+# setting exists for this comparison only), alternating rounds on one database.
+ROLLUP_EXTENSION = {"extensionId": "bench", "generation": 1, "presets": [{"name": "worker"}]}
+ROLLUP_USAGE_EVERY = 20
+ROLLUP_ROUNDS = 3
+ROLLUP_LEVELS = 2
+
+
+async def _rollup_round(url: str, tokens: list[str], tag: str) -> float:
+    async def prepare(index: int, runner: Runner):
+        await runner.register([ROLLUP_EXTENSION])
+        root = f"rollup-{tag}-{index}"
+        await runner.call("run.open", {"conversationId": f"c-{root}", "runId": root})
+        run_id = root
+        for level in range(ROLLUP_LEVELS):
+            child = await runner.call(
+                "child.start",
+                {
+                    "runId": run_id,
+                    "extensionId": "bench",
+                    "generation": 1,
+                    "request": {"requestId": f"r{level}", "profile": "worker", "message": "go"},
+                },
+            )
+            run_id = child["runId"]
+        events = [
+            {
+                "kind": "usage",
+                "text": "tokens",
+                "input": {
+                    "inputTokens": 1200,
+                    "outputTokens": 300,
+                    "cacheReadTokens": 900,
+                    "costUsd": 0.0081,
+                    "model": "bench",
+                },
+            }
+            if i % ROLLUP_USAGE_EVERY == ROLLUP_USAGE_EVERY - 1
+            else {"kind": "text-delta", "text": TEXT}
+            for i in range(INGEST_BATCH)
+        ]
+        return run_id, events
+
+    return await _race(url, tokens, prepare)
+
+
+def ingest_rollups():
+    db = Database("sqlite")
+    servers = {}
+    try:
+        tokens = [db.runner_token(f"rollup-{i}") for i in range(INGEST_RUNNERS)]
+        servers["on"] = Server(db)
+        servers["off"] = Server(db, ROLLUPS_ENABLED="false")
+        rates = {"on": [], "off": []}
+        for round_ in range(ROLLUP_ROUNDS):
+            order = ("off", "on") if round_ % 2 == 0 else ("on", "off")
+            for tag in order:
+                rate = asyncio.run(_rollup_round(servers[tag].ws, tokens, f"{tag}{round_}"))
+                rates[tag].append(rate)
+    finally:
+        for server in servers.values():
+            server.stop()
+        db.close()
+    on, off = statistics.median(rates["on"]), statistics.median(rates["off"])
+    results["ingest_sqlite_rollup_events_per_s"] = round(on)
+    results["ingest_sqlite_no_rollup_events_per_s"] = round(off)
+    results["ingest_sqlite_rollup_ratio"] = round(on / off, 3)

@@ -1,0 +1,62 @@
+"""The bench's figures: what each step measured, notes on the way, and the table printed
+beside the targets."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+results: dict = {}
+notes: list[str] = []
+
+
+def machine() -> str:
+    cpu = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    import os
+
+    return f"{platform.machine()} {cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+TARGETS = [
+    ("ingest_sqlite_events_per_s", ">=", 20000),
+    ("ingest_sqlite_ratio", ">=", 0.35),
+    ("ingest_postgres_events_per_s", None, None),
+    ("ingest_postgres_ratio", None, None),
+    # Against the driver's own bulk insert of the same rows, one transaction a frame.
+    ("ingest_sqlite_driver_ratio", ">=", 0.5),
+    ("ingest_postgres_driver_ratio", ">=", 0.4),
+    # Usage rollups cost at most 15% of ingest (same frames, rollups on vs off).
+    ("ingest_sqlite_rollup_ratio", ">=", 0.85),
+    ("push_p50_ms_one_process", None, None),
+    ("push_p99_ms_one_process", "<=", 50),
+    ("push_p50_ms_two_processes", None, None),
+    ("push_p99_ms_two_processes", "<=", 100),
+    ("subtree_ms", "<=", 300),
+    ("subtree_queries", "<=", 6),
+    ("tree_page_usable_ms", None, None),
+    ("tree_page_usable_ms_100k", "<=", 2000),
+    ("timeline_usable_ms_100k", "<=", 2000),
+    ("tree_live_rows_per_s_100k", None, None),
+    ("tree_live_applied_ratio_100k", ">=", 0.99),
+    ("read_ratio", "<=", 1.5),
+    ("memory_mb_1000_sockets", "<=", 300),
+]
+
+
+def report():
+    print(f"\nmachine: {results['machine']}")
+    print(f"{'measure':36} {'value':>14}  target")
+    for key in sorted(k for k in results if k != "machine"):
+        target = next(((op, limit) for name, op, limit in TARGETS if name == key), (None, None))
+        verdict = ""
+        if target[0]:
+            ok = results[key] >= target[1] if target[0] == ">=" else results[key] <= target[1]
+            verdict = f"{target[0]} {target[1]}  {'met' if ok else 'MISSED'}"
+        value = round(results[key], 2) if isinstance(results[key], float) else results[key]
+        print(f"{key:36} {value:>14}  {verdict}")
+    for note in notes:
+        print(f"note: {note}")

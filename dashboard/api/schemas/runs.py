@@ -1,0 +1,307 @@
+"""Runs: lists, detail, the subtree, events, steer receipts, and the bodies and reports of
+launch, cancel and steer."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+from ninja import Schema
+from pydantic import Field, field_validator
+
+from dashboard.api.schemas.common import (
+    NO_NUL,
+    NOT_BLANK_NO_NUL,
+    REQUEST_ID,
+    ChildCounts,
+    not_blank_no_nul,
+)
+from dashboard.api.schemas.usage import BudgetLimitsBody, BudgetOut, TreeBudget, TreeUsage, Usage
+from delegation.models import LeaseState, RunStatus
+from delegation.protocol import MAX_STEER_BYTES
+from delegation.wire import MAX_MESSAGE_BYTES, Strict, utf8_len
+
+
+class CancelBody(Strict):
+    """Cancel a run; with `cascade`, also every live run below it."""
+
+    reason: str = Field(
+        default="",
+        max_length=2000,
+        description="Why; recorded on the `cancel-requested` event and in the audit log.",
+        json_schema_extra={"pattern": NO_NUL},
+    )
+    cascade: bool = Field(
+        default=False, description="Also cancel every non-terminal descendant, reporting each."
+    )
+
+    @field_validator("reason")
+    @classmethod
+    def _reason(cls, value: str) -> str:
+        if not re.search(NO_NUL, value):
+            raise ValueError("must not contain NUL")
+        return value
+
+
+class SteerBody(Strict):
+    """Queue a message for a running run (idempotent per child session by `requestId`)."""
+
+    request_id: str = Field(
+        alias="requestId",
+        min_length=1,
+        max_length=128,
+        description="Idempotency key: printable ASCII without `/` or `\\`, not `.` or `..`, "
+        "at most 128 characters. The same requestId with the same message answers the stored "
+        "outcome; with another message it is refused (409, rpcCode −32013).",
+        json_schema_extra={"pattern": REQUEST_ID, "not": {"enum": [".", ".."]}},
+    )
+    message: str = Field(
+        min_length=1,
+        max_length=MAX_STEER_BYTES,
+        description=f"Non-blank, at most {MAX_STEER_BYTES} bytes of UTF-8 (a longer encoding "
+        "is refused with 422), no NUL.",
+        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
+    )
+
+    @field_validator("request_id")
+    @classmethod
+    def _request_id(cls, value: str) -> str:
+        if not re.search(REQUEST_ID, value) or value in (".", ".."):
+            raise ValueError("must be printable ASCII without '/' or '\\', and not '.' or '..'")
+        return value
+
+    @field_validator("message")
+    @classmethod
+    def _message(cls, value: str) -> str:
+        if "\x00" in value:
+            raise ValueError("must not contain NUL")
+        if not re.search(NOT_BLANK_NO_NUL, value):
+            raise ValueError("must not be blank")
+        if utf8_len(value) > MAX_STEER_BYTES:
+            raise ValueError(f"must be at most {MAX_STEER_BYTES} bytes of UTF-8")
+        return value
+
+
+class LaunchBody(Strict):
+    """Start a top-level run on a connected runner with one of its presets (SPEC §9)."""
+
+    runner: str = Field(
+        min_length=1,
+        max_length=128,
+        description="The runner's name (runnerId); it must be connected.",
+        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
+    )
+    profile: str = Field(
+        min_length=1,
+        max_length=128,
+        description="A preset the runner registered.",
+        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
+    )
+    message: str = Field(
+        min_length=1,
+        max_length=MAX_MESSAGE_BYTES,
+        description="The task, non-blank, at most 512 KiB of UTF-8.",
+        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
+    )
+    extension_id: str = Field(
+        default=None,
+        alias="extensionId",
+        min_length=1,
+        max_length=128,
+        description="The extension offering the preset; needed only when several offer it.",
+        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
+    )
+    cwd: str = Field(
+        default=None,
+        min_length=1,
+        max_length=8192,
+        description="Working directory, confined to the runner's workspace when it has one.",
+        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
+    )
+
+    budget: BudgetLimitsBody = Field(
+        default=None,
+        description="Limits on the launched run's whole tree (SPEC §10): maxRuns, maxLive, "
+        "maxTokens, maxCostUsd, maxSeconds; an omitted limit is unbounded.",
+    )
+
+    _checks = field_validator("runner", "profile", "message", "extension_id", "cwd")(
+        classmethod(lambda cls, value: not_blank_no_nul(value))
+    )
+
+
+class RunItem(Schema):
+    """A run as lists and trees show it (no output, no events)."""
+
+    runId: str
+    conversationId: str
+    parentRunId: str = Field(description='"" for a top-level run')
+    parentConversationId: str
+    rootRunId: str = Field(description="The top-level run of its tree (itself when top-level)")
+    runnerId: str
+    hostInstanceId: str
+    extensionId: str
+    profile: str
+    depth: int
+    status: RunStatus
+    done: bool
+    cancelled: bool
+    error: str
+    leaseId: str = Field(description='The lease it was started under, "" if none')
+    lastSequence: int = Field(description="Head of its event stream (= number of events)")
+    refusedSpawns: int
+    via: str = Field(
+        description="How the run was started: runner (run.open / child.start), mcp (an agent's "
+        "delegate tool call) or launch (an operator)"
+    )
+    cancelRequestedAt: datetime | None
+    createdAt: datetime
+    updatedAt: datetime
+    finishedAt: datetime | None
+    usage: Usage
+    budget: BudgetOut | None = Field(description="null when the run has no budget")
+    task: str = Field(description='First line of the request message ("" if none)')
+    activity: str = Field(description="Its latest text or tool call, as the tree shows it")
+
+
+class RunPage(Schema):
+    items: list[RunItem]
+    next: str | None = Field(description="Cursor of the next page, null on the last page")
+
+
+class EventOut(Schema):
+    """One event of a run's stream; absent fields are omitted, never null."""
+
+    sequence: int
+    kind: str
+    text: str = None
+    toolName: str = None
+    toolCallId: str = None
+    input: Any = None
+    toolOutput: Any = None
+    success: bool = None
+    error: str = None
+
+
+class EventPage(Schema):
+    items: list[EventOut]
+    next: str | None
+    lastSequence: int = Field(description="The run's head sequence when this page was read")
+
+
+class LeaseRef(Schema):
+    id: int = Field(description="Address of the lease in /api/leases/{id}")
+    leaseId: str
+    runnerId: str
+    state: LeaseState
+    live: bool
+    expiresAt: datetime
+
+
+class RunResult(Schema):
+    """SPEC §6 ``Result``: every field always present."""
+
+    runnerId: str
+    hostInstanceId: str
+    conversationId: str
+    runId: str
+    parentConversationId: str
+    parentRunId: str
+    extensionId: str
+    profile: str
+    done: bool
+    cancelled: bool
+    error: str
+    output: str
+    events: list[EventOut]
+    depth: int
+    status: RunStatus
+
+
+class RunDetail(Schema):
+    """The SPEC §6 `Result` (every field present) plus what an operator needs around it."""
+
+    runnerId: str
+    hostInstanceId: str
+    conversationId: str
+    runId: str
+    parentConversationId: str
+    parentRunId: str
+    extensionId: str
+    profile: str
+    done: bool
+    cancelled: bool
+    error: str
+    output: str
+    events: list[EventOut] = Field(
+        description="Always []: read events from /api/runs/{runId}/events (paged)"
+    )
+    depth: int
+    status: RunStatus
+    rootRunId: str
+    childCounts: ChildCounts
+    lease: LeaseRef | None = Field(description="The lease this run was started under")
+    lastSequence: int
+    refusedSpawns: int
+    via: str = Field(
+        description="How the run was started: runner (run.open / child.start), mcp (an agent's "
+        "delegate tool call) or launch (an operator)"
+    )
+    cancelRequestedAt: datetime | None
+    cancelReason: str
+    createdAt: datetime
+    updatedAt: datetime
+    finishedAt: datetime | None
+    usage: Usage
+    budget: BudgetOut | None = Field(description="null when the run has no budget")
+
+
+class TreeNode(RunItem):
+    usage: TreeUsage = Field(default=None, description="With `usage=true` only")
+    budget: TreeBudget | None = Field(default=None, description="With `usage=true` only")
+    childCounts: ChildCounts = Field(description="Children by status (all of them)")
+    childrenIncluded: bool = Field(
+        description="false on the depth boundary: children exist beyond `levels`"
+    )
+    children: list[TreeNode]
+
+
+TreeNode.model_rebuild()
+
+
+class CancelledDescendant(Schema):
+    runId: str
+    depth: int
+    outcome: str = Field(description="requested | already-requested | already-finished")
+
+
+class CancelReport(Schema):
+    runId: str
+    outcome: str = Field(description="requested | already-requested | already-finished")
+    descendants: list[CancelledDescendant]
+
+
+class SteerOutcome(Schema):
+    outcome: str = Field(description="injected | promptRequired")
+    reason: str = Field(default=None, description="With promptRequired: noRunningTurn")
+
+
+class SteerReceiptOut(Schema):
+    requestId: str
+    message: str
+    actor: str
+    createdAt: datetime
+    outcome: str = Field(description="The answer the steer got: injected | promptRequired")
+    reason: str = Field(description="With promptRequired: noRunningTurn; else empty")
+    delivery: str = Field(
+        description="queued (injected, the runner has not refused it), undelivered (the "
+        "runner answered run.steer with something else, e.g. promptRequired), or not-sent"
+    )
+    runnerOutcome: str = Field(description="With undelivered: the runner's outcome")
+    runnerReason: str = Field(description="With undelivered: the runner's reason")
+    undeliveredAt: datetime | None
+
+
+class SteerReceiptList(Schema):
+    items: list[SteerReceiptOut]

@@ -1,0 +1,166 @@
+"""Run subscriptions: ``{"type": "subscribe", "runId": R, "after": N}``.
+
+A run's events with ``sequence > N`` in order, with no gap and no duplicate, replayed from
+the database and then pushed as they commit, plus the run's state whenever it changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from channels.db import database_sync_to_async
+
+from dashboard.live.caps import MAX_RUN_SUBSCRIPTIONS
+from dashboard.live.frames import SubscribeRun, Unsubscribe
+from dashboard.live.read_cache import shared_run_delta
+from delegation import metrics, notify, selectors
+from delegation.wire import dumps
+
+# Events per catch-up read: each may carry 4 x 32 KiB, so a page stays a few MB at most.
+EVENT_PAGE = 100
+MAX_FRAME_CHARS = 256 * 1024
+
+
+@dataclass
+class RunSub:
+    pk: int
+    run_id: str
+    root_pk: int
+    sent: int
+    state: tuple | None = None
+    # Events that arrived with doorbells, in arrival order, not yet sent or discarded.
+    carried: list = field(default_factory=list)
+
+
+def _run_fingerprint(state: dict) -> tuple:
+    return (
+        state["status"],
+        state["lastSequence"],
+        state["done"],
+        state["cancelled"],
+        state["error"],
+        len(state["output"]),
+        hash(state["output"]),
+        state["cancelRequestedAt"],
+        state["refusedSpawns"],
+    )
+
+
+def _batches(events: list[dict]):
+    """Split events into frames of at most about MAX_FRAME_CHARS characters, in order."""
+    batch, size = [], 0
+    for event in events:
+        cost = len(dumps(event))
+        if batch and size + cost > MAX_FRAME_CHARS:
+            yield batch
+            batch, size = [], 0
+        batch.append(event)
+        size += cost
+    if batch:
+        yield batch
+
+
+class RunSubscriptions:
+    """The runs one socket follows, keyed by run pk, and which of them a doorbell rang."""
+
+    def __init__(self, connection):
+        self.connection = connection
+        self.subs: dict[int, RunSub] = {}
+        self.dirty: set[int] = set()
+
+    async def subscribe(self, frame: SubscribeRun):
+        conn = self.connection
+        run = await database_sync_to_async(selectors.get_run)(frame.run_id)
+        if run is None:
+            await conn.error("runId", f"runId: no run {frame.run_id!r}", "not_found")
+            return
+        if run.pk not in self.subs and len(self.subs) >= MAX_RUN_SUBSCRIPTIONS:
+            await conn.error("runId", f"runId: at most {MAX_RUN_SUBSCRIPTIONS} runs", "limit")
+            return
+        old = self.subs.get(run.pk)
+        self.subs[run.pk] = RunSub(run.pk, run.run_id, run.root_id or run.pk, frame.after)
+        if old is None:
+            await conn.hold(notify.run_group(run.pk))
+        await conn.send({"type": "subscribed", "runId": run.run_id, "after": frame.after})
+        await self._catch_up(self.subs[run.pk])
+
+    async def unsubscribe(self, frame: Unsubscribe):
+        if frame.run_id is None:
+            return
+        for pk, sub in list(self.subs.items()):
+            if sub.run_id == frame.run_id:
+                del self.subs[pk]
+                await self.connection.release(notify.run_group(pk))
+
+    def ring(self, message: dict) -> None:
+        """A run-changed doorbell: keep the events it carries, to send without a read."""
+        run_pk = message.get("run")
+        sub = self.subs.get(run_pk)
+        if sub is None:
+            return
+        if message.get("events") and sub.state and message.get("status") == sub.state[0]:
+            sub.carried.append(message["events"])
+        else:
+            sub.carried.append(None)  # something a doorbell cannot carry: read it
+        self.dirty.add(run_pk)
+
+    async def catch_up_dirty(self):
+        dirty, self.dirty = self.dirty, set()
+        for pk in sorted(dirty):
+            if pk in self.subs and not await self._push_carried(self.subs[pk]):
+                await self._catch_up(self.subs[pk])
+
+    async def catch_up_all(self):
+        for sub in list(self.subs.values()):
+            await self._catch_up(sub)
+
+    def positions(self) -> dict[str, int]:
+        """The heartbeat's ``runs``: the last sequence sent of every run."""
+        return {sub.run_id: sub.sent for sub in self.subs.values()}
+
+    def forget_sent(self):
+        for sub in self.subs.values():
+            sub.state = None
+            sub.carried = []
+
+    async def _send_events(self, sub: RunSub, events: list[dict]):
+        for batch in _batches(events):
+            await self.connection.send({"type": "events", "runId": sub.run_id, "events": batch})
+            sub.sent = batch[-1]["sequence"]
+            metrics.pushed(batch[-1].get("createdAt"))
+
+    async def _push_carried(self, sub: RunSub) -> bool:
+        """Send events that came with doorbells if they continue exactly where this socket
+        is; False when anything is missing or unknown, and the database must be read."""
+        carried, sub.carried = sub.carried, []
+        if not carried:
+            return False
+        for events in carried:
+            if events is None:
+                return False
+            if events[-1]["sequence"] <= sub.sent:
+                continue  # already sent by an earlier read
+            if events[0]["sequence"] != sub.sent + 1:
+                return False  # a gap: a doorbell was lost or came out of order
+            await self._send_events(sub, events)
+        return True
+
+    async def _catch_up(self, sub: RunSub):
+        while True:
+            state, events = await shared_run_delta(sub.pk, sub.sent, EVENT_PAGE)
+            if state is None:
+                return
+            fresh = []
+            for event in events:
+                # Sequences are allocated under the run's lock, so what is visible is a prefix;
+                # stopping at a hole anyway means a frame can never skip a sequence.
+                if event["sequence"] != sub.sent + len(fresh) + 1:
+                    break
+                fresh.append(event)
+            await self._send_events(sub, fresh)
+            fingerprint = _run_fingerprint(state)
+            if fingerprint != sub.state:
+                sub.state = fingerprint
+                await self.connection.send({"type": "run", "run": state})
+            if len(events) < EVENT_PAGE or len(fresh) < len(events):
+                return

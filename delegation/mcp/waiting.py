@@ -1,0 +1,91 @@
+"""``waitSeconds``: a tool call that waits on its child's doorbell, with progress.
+
+While a call waits only a channel-layer receive is pending: no thread and no database
+connection is held. Each ring (and every ``RECHECK_SECONDS``, for rings the layer dropped)
+costs one short read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from mcp.server.mcpserver import Context
+
+from delegation import notify
+from delegation.errors import INVALID_PARAMS, RpcError
+
+# How often a waiting call sends notifications/progress, and re-reads the database in case a
+# doorbell was lost (the channel layer may drop rings; the database is the record).
+PROGRESS_SECONDS = 2.0
+RECHECK_SECONDS = 5.0
+
+
+def wait_seconds(value: float | None) -> float:
+    if value is None:
+        return 0.0
+    if not 0 <= value <= settings.MCP_MAX_WAIT_SECONDS:
+        raise RpcError(
+            INVALID_PARAMS,
+            f"waitSeconds: must be between 0 and {settings.MCP_MAX_WAIT_SECONDS}, got {value}",
+        )
+    return float(value)
+
+
+def _run_pk_of(run_id: str) -> int | None:
+    from delegation.models import Run
+
+    return Run.objects.filter(run_id=run_id).values_list("pk", flat=True).first()
+
+
+async def wait_on_run(ctx: Context, run_id: str, seconds: float, label: str, read, satisfied):
+    """``wait_until`` on the doorbell of the run ``run_id``."""
+    run_pk = await database_sync_to_async(_run_pk_of)(run_id)
+    return await wait_until(ctx, run_pk, seconds, label, read, satisfied)
+
+
+async def wait_until(ctx: Context, run_pk: int, seconds: float, label: str, read, satisfied):
+    """Read, then wait on the run's doorbell and read again until ``satisfied`` or time is up.
+
+    Joins the run's doorbell group on a fresh channel before the first read, so no ring is
+    missed between them.
+    """
+    layer = get_channel_layer()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    deadline = started + seconds
+    channel = await layer.new_channel() if layer is not None else None
+    group = notify.run_group(run_pk)
+    if channel is not None:
+        await layer.group_add(group, channel)
+    receiving: asyncio.Future | None = None
+    try:
+        result = await read()
+        last_read = loop.time()
+        while not satisfied(result):
+            now = loop.time()
+            if now >= deadline:
+                break
+            await ctx.report_progress(round(now - started, 1), seconds, f"waiting for {label}")
+            tick = min(PROGRESS_SECONDS, deadline - now)
+            if channel is None:
+                await asyncio.sleep(tick)
+                rang = False
+            else:
+                if receiving is None:
+                    receiving = asyncio.ensure_future(layer.receive(channel))
+                done, _ = await asyncio.wait({receiving}, timeout=tick)
+                rang = bool(done)
+                if rang:
+                    receiving = None
+            if rang or loop.time() - last_read >= RECHECK_SECONDS or loop.time() >= deadline:
+                result = await read()
+                last_read = loop.time()
+        return result
+    finally:
+        if receiving is not None:
+            receiving.cancel()
+        if channel is not None:
+            await layer.group_discard(group, channel)

@@ -1,0 +1,192 @@
+"""What both agent engines (``command``, ``acp``) read from a presets file the same way.
+
+A presets file is ``{"presets": [...], "workspace"?: ..., "extensionId"?: ...}``. Each preset
+shares the fields of :class:`AgentPreset` (name, command line, system prompt, options, env,
+default cwd, cancel grace, containment: ``sandbox``, ``readOnly``, ``user``); an engine adds
+its own fields on a subclass and reads them with :func:`check_fields` first. A child's cwd is
+always :func:`confine`-d to the engine's workspace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shlex
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from delegation import errors as codes
+from delegation.client import Preset, RpcError
+
+SANDBOXES = ("bwrap",)
+COMMON_FIELDS = frozenset(
+    {
+        "name",
+        "command",
+        "systemPrompt",
+        "options",
+        "env",
+        "cwd",
+        "cancelGraceSeconds",
+        "sandbox",
+        "readOnly",
+        "user",
+    }
+)
+
+
+@dataclass
+class AgentPreset:
+    name: str
+    command: list[str]
+    system_prompt: str = ""
+    options: Mapping[str, Any] | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None  # default working directory, relative to the workspace
+    cancel_grace: float = 5.0  # seconds between SIGTERM and SIGKILL
+    sandbox: str | None = None  # "bwrap": private /proc, the workspace the only writable path
+    read_only: tuple[str, ...] = ()  # more paths a sandboxed agent may read (an interpreter)
+    user: str | None = None  # run the agent as this account (the runner must be root)
+
+
+def check_fields(raw: Mapping[str, Any], *, label: str, extra: Iterable[str] = ()) -> dict:
+    """The shared fields of one preset as :class:`AgentPreset` keyword arguments.
+
+    ``label`` starts every message (``"preset"``, ``"acp preset"``); ``extra`` are the
+    engine's own field names, which the engine reads itself. Anything else is refused.
+    """
+    unknown = set(raw) - COMMON_FIELDS - set(extra)
+    if unknown:
+        raise ValueError(f"{label}: unknown field(s) {', '.join(sorted(unknown))}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{label}: 'name' must be a non-blank string")
+    label = f"{label} {name!r}"
+    command = raw.get("command")
+    if isinstance(command, str):
+        command = shlex.split(command)
+    if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
+        raise ValueError(f"{label}: 'command' must be a non-empty list of strings")
+    env = raw.get("env", {})
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise ValueError(f"{label}: 'env' must map names to strings")
+    grace = raw.get("cancelGraceSeconds", 5.0)
+    if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
+        raise ValueError(f"{label}: 'cancelGraceSeconds' must be a number >= 0")
+    sandbox = raw.get("sandbox")
+    if sandbox is not None and sandbox not in SANDBOXES:
+        raise ValueError(f"{label}: 'sandbox' must be one of {', '.join(SANDBOXES)}")
+    read_only = raw.get("readOnly", [])
+    if not isinstance(read_only, list) or not all(
+        isinstance(p, str) and os.path.isabs(p) for p in read_only
+    ):
+        raise ValueError(f"{label}: 'readOnly' must be a list of absolute paths")
+    user = raw.get("user")
+    if user is not None:
+        if not isinstance(user, str) or not user:
+            raise ValueError(f"{label}: 'user' must be an account name")
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            raise ValueError(f"{label}: 'user' {user!r} is no account here") from None
+    return {
+        "name": name,
+        "command": command,
+        "system_prompt": raw.get("systemPrompt", "") or "",
+        "options": raw.get("options"),
+        "env": env,
+        "cwd": raw.get("cwd"),
+        "cancel_grace": float(grace),
+        "sandbox": sandbox,
+        "read_only": tuple(read_only),
+        "user": user,
+    }
+
+
+def by_name(presets: list[AgentPreset], engine: str) -> dict[str, AgentPreset]:
+    if not presets:
+        raise ValueError(f"the {engine} engine needs at least one preset")
+    names = [p.name for p in presets]
+    if len(set(names)) != len(names):
+        raise ValueError("duplicate preset names")
+    return {p.name: p for p in presets}
+
+
+def load_config(path: str | os.PathLike) -> dict:
+    """Read a presets file: ``{"presets": [...], "workspace"?: ..., "extensionId"?: ...}``."""
+    with open(path, encoding="utf-8") as fh:
+        raw = json.load(fh)
+    if isinstance(raw, list):
+        raw = {"presets": raw}
+    if not isinstance(raw, dict) or not isinstance(raw.get("presets"), list):
+        raise ValueError(f"{path}: expected an object with a 'presets' list")
+    unknown = set(raw) - {"presets", "workspace", "extensionId"}
+    if unknown:
+        raise ValueError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}")
+    # Relative program paths ("./agents/review.sh") and a relative workspace are relative to
+    # the file, not to wherever the runner happens to be started.
+    base = Path(path).resolve().parent
+    for preset in raw["presets"]:
+        command = preset.get("command") if isinstance(preset, dict) else None
+        if isinstance(command, str):
+            command = preset["command"] = shlex.split(command)
+        if isinstance(command, list) and command and isinstance(command[0], str):
+            program = command[0]
+            if "/" in program and not os.path.isabs(program):
+                command[0] = str(base / program)
+    if isinstance(raw.get("workspace"), str) and not os.path.isabs(raw["workspace"]):
+        raw["workspace"] = str(base / raw["workspace"])
+    return raw
+
+
+def confine(workspace: str, cwd: str | None) -> str:
+    """``cwd`` resolved inside ``workspace`` (after symlinks); ValueError if it escapes."""
+    base = Path(workspace).resolve()
+    target = (base / cwd).resolve() if cwd else base
+    if target != base and base not in target.parents:
+        raise ValueError(f"cwd {cwd!r} resolves outside the workspace {str(base)!r}")
+    if not target.is_dir():
+        raise ValueError(f"cwd {cwd!r} is not a directory inside the workspace")
+    return str(target)
+
+
+class PresetEngine:
+    """What the ``command`` and ``acp`` engines share about their presets: the list the runner
+    registers, the check before a child starts, and the preset a run uses."""
+
+    name = ""
+    preset_class: type[AgentPreset] = AgentPreset
+    missing = "has no agent here"  # how check() says a preset is not on this runner
+
+    def __init__(self, presets: list, workspace: str, *, mcp=None):
+        self.presets_by_name = by_name(presets, self.name)
+        self.workspace = str(Path(workspace).resolve())
+        self.mcp = mcp
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], workspace: str | None = None, **kwargs):
+        presets = [cls.preset_class.from_config(p) for p in config["presets"]]
+        return cls(presets, workspace or config.get("workspace") or os.getcwd(), **kwargs)
+
+    def presets(self) -> list[Preset]:
+        return [
+            Preset(p.name, p.system_prompt, dict(p.options) if p.options else None)
+            for p in self.presets_by_name.values()
+        ]
+
+    def check(self, command, host) -> None:
+        preset = self.presets_by_name.get(command.preset.name)
+        if preset is None:
+            raise RpcError(codes.INVALID_PARAMS, f"preset {command.preset.name!r} {self.missing}")
+        try:
+            confine(self.workspace, command.request.get("cwd") or preset.cwd)
+        except ValueError as exc:
+            raise RpcError(codes.INVALID_PARAMS, f"request.cwd: {exc}") from None
+
+    def preset_of(self, ctx) -> AgentPreset:
+        return self.presets_by_name[ctx.preset.name if ctx.preset else ctx.profile]
