@@ -29,6 +29,7 @@ from delegation.services import alerts, rollups
 from delegation.services.audit import audit, require_operator
 from delegation.services.base import lock_run, store_server_event
 from delegation.services.identity import Actor
+from delegation.services.locks import retry_conflicts
 from delegation.services.operator import request_cancel
 from delegation.wire import BudgetLimits
 
@@ -140,6 +141,7 @@ def _run_id(pk: int) -> str:
     return Run.objects.filter(pk=pk).values_list("run_id", flat=True).first() or str(pk)
 
 
+@retry_conflicts
 def do_set_budget(actor: Actor, run: Run, limits: BudgetLimits, *, replace: bool, reason=""):
     """An operator sets (``replace``: exactly these limits) or changes (merge) a run's budget.
 
@@ -357,6 +359,7 @@ def enforce(budget_run_pks, now=None) -> list[str]:
     return stopped
 
 
+@retry_conflicts
 def _enforce_one(pk: int, now=None) -> bool:
     with transaction.atomic():
         run = Run.objects.select_for_update(of=("self",)).filter(pk=pk).first()

@@ -45,6 +45,7 @@ from delegation.selectors import RESULT_RELATED, events_after, snapshot
 from delegation.services import budgets, lifecycle, rollups
 from delegation.services.base import lock_run, store_server_event
 from delegation.services.identity import Actor, Caller, Connection, as_caller
+from delegation.services.locks import retry_conflicts
 from delegation.services.operator import do_cancel_run, do_release_lease, do_steer_run
 from delegation.services.runners import current_runner
 from delegation.wire import REASONING_EFFORTS, Params, Request, canonical, parse_model
@@ -233,6 +234,7 @@ def start_child(caller: Caller | Connection, params: Params) -> dict:
     return outcome
 
 
+@retry_conflicts
 def _child_start(caller: Caller, params: Params):
     try:
         with transaction.atomic(), rollups.batch():
@@ -484,6 +486,7 @@ def do_start_child(start: _Start) -> dict:
 # --- child.read / cancel / steer / lease.release ------------------------------------------
 
 
+@retry_conflicts
 def read_child(caller: Caller | Connection, params: Params) -> dict:
     with transaction.atomic():
         _auth, child = _owned_child(as_caller(caller), params)
@@ -491,6 +494,7 @@ def read_child(caller: Caller | Connection, params: Params) -> dict:
         return snapshot(child, events)
 
 
+@retry_conflicts
 def cancel_child(caller: Caller | Connection, params: Params) -> dict:
     caller = as_caller(caller)
     with transaction.atomic():
@@ -500,6 +504,7 @@ def cancel_child(caller: Caller | Connection, params: Params) -> dict:
         return snapshot(lock_run(child.pk))
 
 
+@retry_conflicts
 def steer_child(caller: Caller | Connection, params: Params) -> dict:
     caller = as_caller(caller)
     with transaction.atomic():
@@ -512,6 +517,7 @@ def steer_child(caller: Caller | Connection, params: Params) -> dict:
         )
 
 
+@retry_conflicts
 def release_child_lease(conn: Connection, params: Params) -> tuple[int, list[str]]:
     """Revoke the lease and cancel its children; the caller waits for them to finish."""
     with transaction.atomic():

@@ -9,6 +9,7 @@ from django.utils import timezone
 from delegation import notify
 from delegation.models import Command, Run, Runner, SteerReceipt
 from delegation.services.identity import Connection
+from delegation.services.locks import retry_conflicts
 
 
 def enqueue(
@@ -25,6 +26,7 @@ def enqueue(
     return command
 
 
+@retry_conflicts
 def claim_commands(conn: Connection, limit: int = 100) -> list[Command]:
     """Commands this connection has not sent yet, marked as sent on its generation."""
     with transaction.atomic():
