@@ -26,8 +26,11 @@ def enqueue(
     return command
 
 
+CLAIM_LIMIT = 100
+
+
 @retry_conflicts
-def claim_commands(conn: Connection, limit: int = 100) -> list[Command]:
+def claim_commands(conn: Connection, limit: int = CLAIM_LIMIT) -> list[Command]:
     """Commands this connection has not sent yet, marked as sent on its generation."""
     with transaction.atomic():
         runner = Runner.objects.filter(pk=conn.runner_pk).values("connection_generation").first()
