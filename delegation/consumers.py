@@ -295,6 +295,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             )
             return
         params = frame.get("params", {})
+        commands: list = []
         try:
             if "\\u0000" in text_data:
                 refuse_nul(params)
