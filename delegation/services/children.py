@@ -145,22 +145,24 @@ def _owned_child(caller: Caller, params: Params) -> tuple[Authority, Run]:
     ]
     if not owned:
         raise not_owned
+    # Only the caller's own runs of the child: another parent on the same conversation may
+    # have resumed it, and that run is the other parent's alone (issue 21).
     if params.child_run_id is not None:
-        chosen = next((r for r in runs if r.run_id == params.child_run_id), None)
+        chosen = next((r for r in owned if r.run_id == params.child_run_id), None)
         if chosen is None:
             raise RpcError(
                 NOT_OWNED, f"childRunId: {params.child_run_id!r} is not a run of that child"
             )
         return auth, chosen
     if len(runs) > 1 and caller.via == RunVia.MCP.value:
-        # An agent names a child by childId only (SPEC §9): it means the child's latest run.
-        return auth, runs[-1]
+        # An agent names a child by childId only (SPEC §9): its latest run of that child.
+        return auth, owned[-1]
     if len(runs) > 1:
         raise RpcError(
             INVALID_PARAMS,
             f"childRunId: required because child {params.child_id!r} has {len(runs)} runs",
         )
-    return auth, runs[0]
+    return auth, owned[0]
 
 
 # --- child.start --------------------------------------------------------------------------
