@@ -23,7 +23,7 @@ from django.db import InterfaceError, OperationalError
 from django.db import connection as db_connection
 
 from delegation import depth as depthlib
-from delegation import metrics, notify, rpc, upkeep
+from delegation import metrics, notify, rpc, socket_fences, upkeep
 from delegation.errors import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
@@ -215,6 +215,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if getattr(self, "_shut", False):
             return
         self._shut = True
+        socket_fences.forget(self)
         for task in list(getattr(self, "background", ())):
             task.cancel()
         if getattr(self, "runner_group", None):
@@ -362,6 +363,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         )
         if fenced:
             await self.channel_layer.send(fenced, {"type": "runner.fenced"})
+        socket_fences.watch(self)
         # Answer first, then redeliver what the runner has not acknowledged.
         self._spawn(self._flush_outbox())
         return result
