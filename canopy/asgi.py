@@ -16,10 +16,17 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
 from canopy.backpressure import with_back_pressure  # noqa: E402
+from canopy.bodylimit import (  # noqa: E402
+    HTTP_MAX_BODY_BYTES,
+    MCP_MAX_BODY_BYTES,
+    BodyLimit,
+    install_daphne_body_limit,
+)
 from dashboard.live import live_application  # noqa: E402
 from delegation import upkeep  # noqa: E402
 from delegation.consumers import RunnerConsumer  # noqa: E402
 from delegation.mcp.gate import McpGate  # noqa: E402
+from delegation.services.run_tokens import MCP_PATH  # noqa: E402
 
 websocket_routes = [
     # Runners authenticate with their own bearer token; no session, no Origin check.
@@ -45,6 +52,13 @@ async def _django_and_sockets(scope, receive, send):
     return await router(scope, receive, send)
 
 
+# Bodies are bounded first, before any door authenticates (under daphne, while they arrive).
+install_daphne_body_limit(HTTP_MAX_BODY_BYTES)
+
 # /mcp goes to the MCP SDK (agents, with a run token); lifespan is handled here because
 # channels' router refuses it; everything else is Django and the two sockets.
-application = McpGate(_django_and_sockets)
+application = BodyLimit(
+    McpGate(_django_and_sockets),
+    default=HTTP_MAX_BODY_BYTES,
+    paths={MCP_PATH: MCP_MAX_BODY_BYTES},
+)

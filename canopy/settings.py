@@ -297,6 +297,10 @@ AUTH_PASSWORD_VALIDATORS = [
 AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = env_float("AXES_COOLOFF_MINUTES", 15.0, minimum=0) / 60  # hours
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# The address is the client's as seen by the CANOPY_TRUSTED_PROXIES proxies in front of the
+# server (0: clients connect directly), so behind a proxy a guesser locks out only itself.
+CANOPY_TRUSTED_PROXIES = env_int("CANOPY_TRUSTED_PROXIES", 0, minimum=0)
+AXES_CLIENT_IP_CALLABLE = "dashboard.security.client_address"
 AXES_RESET_ON_SUCCESS = True
 AXES_VERBOSE = False
 

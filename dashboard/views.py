@@ -5,7 +5,7 @@ Pages render what the database holds at request time; the browser then subscribe
 ``delegation.selectors``. Cancel and release are plain form posts here; the run page's steer
 box posts to the REST API (``/api/runs/{runId}/steer``), the one JSON action surface. Every
 action goes through the engine's operator services (``do_cancel_run``, ``do_steer_run``,
-``do_release_lease``), which check the role and write the audit entry, so a cancel from here is
+``release_lease``), which check the role and write the audit entry, so a cancel from here is
 the same cancel as one from the admin, the REST API or a runner. A refused action answers 403
 with the service's message (and the refusal is audited by the service). A signed-in user
 without a role is refused before anything is looked up, so the answer is the same whether

@@ -13,7 +13,11 @@ import logging
 
 from channels_redis.core import RedisChannelLayer
 
+from delegation.lograte import RateLimitedLog
+
 log = logging.getLogger(__name__)
+# An outage loses every doorbell rung during it: one line, then one count per 10 s per kind.
+faults = RateLimitedLog(log, window=10.0)
 
 RETRY_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.0)
 
@@ -27,7 +31,9 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
             except Exception as exc:  # Redis down or restarting: wait, then listen again
                 delay = RETRY_SECONDS[min(attempt, len(RETRY_SECONDS) - 1)]
                 if attempt == 0:
-                    log.warning("channel layer receive failed (%s); retrying", exc)
+                    faults.warning(
+                        "receive failed", "channel layer receive failed (%s); retrying", exc
+                    )
                 attempt += 1
                 await asyncio.sleep(delay)
 
@@ -35,22 +41,22 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         try:
             await super().send(channel, message)
         except Exception as exc:
-            log.warning("channel layer send to %s lost (%s)", channel, exc)
+            faults.warning("send lost", "channel layer send to %s lost (%s)", channel, exc)
 
     async def group_send(self, group, message):
         try:
             await super().group_send(group, message)
         except Exception as exc:
-            log.warning("doorbell to %s lost (%s)", group, exc)
+            faults.warning("doorbell lost", "doorbell to %s lost (%s)", group, exc)
 
     async def group_add(self, group, channel):
         try:
             await super().group_add(group, channel)
         except Exception as exc:  # consumers re-join their groups periodically
-            log.warning("joining %s failed (%s); will retry", group, exc)
+            faults.warning("group join failed", "joining %s failed (%s); will retry", group, exc)
 
     async def group_discard(self, group, channel):
         try:
             await super().group_discard(group, channel)
         except Exception as exc:  # membership expires on its own
-            log.warning("leaving %s failed (%s)", group, exc)
+            faults.warning("group leave failed", "leaving %s failed (%s)", group, exc)

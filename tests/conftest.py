@@ -92,6 +92,33 @@ def _drop_leftover_sessions(request, django_db_blocker):
         )
 
 
+@pytest.fixture(autouse=True)
+def _no_name_lookups_off_the_machine(monkeypatch):
+    """Webhook targets are resolved when saved and before every send. In the suite no name
+    leaves the machine: IP literals and localhost resolve for real, any other name does not
+    resolve (a test that needs one patches ``alerts.resolve_host`` itself)."""
+    from delegation.services import alerts
+
+    monkeypatch.setattr(alerts, "resolve_host", local_names_only(alerts.resolve_host))
+
+
+def local_names_only(resolve):
+    import ipaddress
+    import socket
+
+    def resolve_locally(host: str, port: int) -> list[str]:
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            if host != "localhost":
+                raise socket.gaierror(
+                    socket.EAI_NONAME, f"{host}: not looked up in tests"
+                ) from None
+        return resolve(host, port)
+
+    return resolve_locally
+
+
 # Hypothesis: "dev" (the default) explores fresh examples each run; "ci" (HYPOTHESIS_PROFILE=ci,
 # set by .ci/run) is derandomised, so a CI failure reproduces on any machine, and prints the
 # blob that replays the failing example (@reproduce_failure).

@@ -43,8 +43,14 @@ ADMIN_ACT = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: Er
 SIGNATURE_DOC = (
     'Each delivery is a JSON POST `{"id", "kind", "createdAt", "data"}` with '
     "`X-Canopy-Signature: sha256=<hex HMAC-SHA256 of the raw body, keyed with the webhook's "
-    "secret>`, `X-Canopy-Delivery: <id>` and `X-Canopy-Event: <kind>`; it is retried with "
-    "exponential backoff until answered 2xx, or given up a day after it was stored."
+    "secret>`, `X-Canopy-Timestamp: <unix seconds when the attempt was sent>`, "
+    '`X-Canopy-Timestamp-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>.<raw body>">` '
+    "(check it and refuse old timestamps to refuse replays), `X-Canopy-Delivery: <id>` and "
+    "`X-Canopy-Event: <kind>`; it is retried with exponential backoff until answered 2xx, or "
+    "given up a day after it was stored. Only the status of an answer is kept, never its body. "
+    "The url must be https to a public address or plain http to loopback: a name that is, or "
+    "resolves to, a private, link-local, loopback (for https) or cloud metadata address is "
+    "refused when saved (422) and again before every send."
 )
 
 

@@ -33,7 +33,7 @@ Errors the server answers are raised as :class:`RpcError` subclasses carrying th
 from __future__ import annotations
 
 from delegation.client.api import RunnerClient
-from delegation.client.connection import Handler
+from delegation.client.connection import Handler, server_urls
 from delegation.client.errors import (
     AdmissionRefused,
     AuthenticationFailed,
@@ -110,6 +110,7 @@ __all__ = [
     "StaleConnection",
     "SteerOutcome",
     "event",
+    "server_urls",
 ]
 
 # Importable from here as before the split, though outside ``import *``.

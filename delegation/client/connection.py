@@ -43,6 +43,16 @@ log = logging.getLogger("canopy.client")
 Handler = Callable[[dict, Any], Awaitable[Any]]
 
 
+def server_urls(url: str | Iterable[str]) -> list[str]:
+    """The servers to try, in order: one URL, a list of them, or one string of comma-separated
+    URLs (as an environment variable holds them)."""
+    items = [url] if isinstance(url, str) else list(url)
+    urls = [part.strip() for item in items for part in item.split(",") if part.strip()]
+    if not urls:
+        raise ValueError("a runner client needs at least one server URL")
+    return urls
+
+
 @dataclass
 class _Conn:
     ws: ClientConnection
@@ -52,11 +62,18 @@ class _Conn:
 
 
 class Connection:
-    """The connection state of a :class:`RunnerClient` and the loop that keeps it alive."""
+    """The connection state of a :class:`RunnerClient` and the loop that keeps it alive.
+
+    ``url`` may name several servers (behind one load balancer or not): they are tried in
+    turn, with jittered backoff once a whole round has failed, and a lost connection moves on
+    to the next one at once, so a runner is back on a live server within a fraction of a
+    second when one process dies. The same ``host_instance_id`` is registered on every
+    connection, so the server knows it is the same process and its runs go on.
+    """
 
     def __init__(
         self,
-        url: str,
+        url: str | Iterable[str],
         token: str,
         *,
         extensions: Iterable[Extension] = (),
@@ -71,7 +88,8 @@ class Connection:
         proxy: str | bool | None = None,
         logger: logging.Logger | None = None,
     ):
-        self.url = url
+        self.urls = server_urls(url)
+        self._url_index = 0
         self.token = token
         self.extensions = list(extensions)
         self.host_instance_id = host_instance_id or f"{socket.gethostname()}-{os.getpid()}"[-128:]
@@ -142,6 +160,11 @@ class Connection:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+    @property
+    def url(self) -> str:
+        """The server this client is connected to, or tries next."""
+        return self.urls[self._url_index]
 
     @property
     def connected(self) -> bool:
@@ -266,8 +289,21 @@ class Connection:
         return params
 
     def _backoff(self, attempt: int) -> float:
-        delay = min(self.backoff_max, self.backoff_initial * (2 ** min(attempt, 16)))
+        # Grows once per round over every server, not per server: each is tried soon.
+        rounds = attempt // len(self.urls)
+        delay = min(self.backoff_max, self.backoff_initial * (2 ** min(rounds, 16)))
         return delay * (0.5 + random.random() / 2)  # jitter: reconnecting runners spread out
+
+    def _direct_connect_options(self) -> dict:
+        # A name that resolves to several addresses: the next one is tried after 0.25 s
+        # instead of after a dead one's whole connect timeout (through a proxy, the proxy
+        # resolves the name).
+        return {} if self.proxy else {"happy_eyeballs_delay": 0.25}
+
+    def _next_server(self) -> None:
+        if len(self.urls) > 1:
+            self._url_index = (self._url_index + 1) % len(self.urls)
+            self.log.info("trying the next server: %s", self.url)
 
     async def _supervise(self) -> None:
         attempt = 0
@@ -281,6 +317,7 @@ class Connection:
                     proxy=self.proxy,
                     ping_interval=20,
                     ping_timeout=20,
+                    **self._direct_connect_options(),
                 )
             except InvalidStatus as exc:
                 status = exc.response.status_code
@@ -300,6 +337,9 @@ class Connection:
                 if self._fatal is None:
                     self._set_fatal(ClientClosed("connection lost and reconnect is off"))
                 return
+            # The server that failed, or whose connection was lost, is likely down: the next
+            # one is tried first (the same one again when there is only one).
+            self._next_server()
             await asyncio.sleep(self._backoff(attempt))
             attempt += 1
 

@@ -15,8 +15,7 @@ from delegation.errors import NOT_REGISTERED, PRESET_STALE, RpcError
 from delegation.models import RunVia
 from delegation.protocol import bearer_token
 from delegation.services import run_tokens
-from delegation.services.base import Connection
-from delegation.services.children import Caller
+from delegation.services.identity import Caller, Connection
 from delegation.services.run_tokens import RunCaller
 from delegation.wire.decode import parse_model
 from delegation.wire.schemas import Params

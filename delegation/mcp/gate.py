@@ -81,6 +81,11 @@ class McpGate:
             await self._task
 
     async def _mcp(self, scope, receive, send):
+        if scope["method"] != "POST":
+            # Stateless: no stream for the server to push on (GET) and no session to end
+            # (DELETE). Answered at once, before any token is looked up.
+            await _answer(send, 405, "only POST is served: the server is stateless", ALLOW)
+            return
         upkeep.ensure_started()
         token = bearer_token(scope.get("headers", []))
         caller = await database_sync_to_async(run_tokens.authenticate_run_token)(token or "")
@@ -91,22 +96,24 @@ class McpGate:
         await self.manager.handle_request(scope, receive, send)
 
 
+ALLOW = [(b"allow", b"POST")]
+UNAUTHORIZED = [(b"www-authenticate", b'Bearer realm="canopy-mcp"')]
+
+
 async def _unauthorized(send):
-    body = json.dumps(
-        {
-            "error": {
-                "code": 401,
-                "message": "a live run token is required: Authorization: Bearer <run token>",
-            }
-        }
-    ).encode()
+    message = "a live run token is required: Authorization: Bearer <run token>"
+    await _answer(send, 401, message, UNAUTHORIZED)
+
+
+async def _answer(send, status: int, message: str, headers: list) -> None:
+    body = json.dumps({"error": {"code": status, "message": message}}).encode()
     await send(
         {
             "type": "http.response.start",
-            "status": 401,
+            "status": status,
             "headers": [
                 (b"content-type", b"application/json"),
-                (b"www-authenticate", b'Bearer realm="canopy-mcp"'),
+                *headers,
                 (b"content-length", str(len(body)).encode()),
             ],
         }

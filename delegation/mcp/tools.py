@@ -12,11 +12,12 @@ from mcp_types import CallToolResult
 from pydantic import Field
 
 from delegation.errors import RpcError
+from delegation.mcp.arguments import StrictMCPServer
 from delegation.mcp.calls import call_service, child_params, ok, refused
 from delegation.mcp.waiting import wait_on_run, wait_seconds
 from delegation.selectors.profiles import profiles_caller_may_start
 from delegation.services import children, run_tokens
-from delegation.services.children import Caller
+from delegation.services.identity import Caller
 from delegation.services.run_tokens import RunCaller
 
 # --- the services each tool calls --------------------------------------------------------
@@ -78,12 +79,13 @@ INSTRUCTIONS = (
 
 
 def build_server() -> MCPServer:
-    server = MCPServer("canopy", instructions=INSTRUCTIONS)
+    server = StrictMCPServer("canopy", instructions=INSTRUCTIONS)
     _add_delegate(server)
     _add_read_child(server)
     _add_steer_child(server)
     _add_cancel_child(server)
     _add_list_profiles(server)
+    server.make_strict()
     return server
 
 

@@ -13,7 +13,7 @@ import signal
 import sys
 
 from delegation import depth as depthlib
-from delegation.client import AuthenticationFailed, ClientError, Fenced
+from delegation.client import AuthenticationFailed, ClientError, Fenced, server_urls
 from delegation.runner.command import CommandEngine
 from delegation.runner.host import RunnerHost
 from delegation.runner.presets import load_config
@@ -29,8 +29,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser = parser or argparse.ArgumentParser(prog="runner", description="Canopy reference runner")
     parser.add_argument(
         "--url",
-        default=os.environ.get("CANOPY_URL", DEFAULT_URL),
-        help=f"runner WebSocket URL (env CANOPY_URL; default {DEFAULT_URL})",
+        action="append",
+        default=None,
+        help="runner WebSocket URL; repeat it or separate URLs with commas to fail over "
+        f"between servers (env CANOPY_URL, commas too; default {DEFAULT_URL})",
     )
     parser.add_argument(
         "--token",
@@ -256,6 +258,7 @@ async def run(args) -> int:
     depth = None
     if args.depth is not None:
         depth = depthlib.parse(args.depth)
+    args.url = server_urls(args.url or os.environ.get("CANOPY_URL") or DEFAULT_URL)
     host = RunnerHost(
         args.url,
         token,
@@ -277,12 +280,12 @@ async def run(args) -> int:
         log.error("%s: check the token (python manage.py runner_token create NAME)", exc)
         return 2
     except ClientError as exc:
-        log.error("cannot register with %s: %s", args.url, exc)
+        log.error("cannot register with %s: %s", ", ".join(args.url), exc)
         return 1
     log.info(
         "runner %s connected to %s (engine %s, extension %s generation %s)",
         registration.runner_id,
-        args.url,
+        host.client.url,
         engine.name,
         host.extension_id,
         host.generation,

@@ -10,7 +10,14 @@ Every delivery is a JSON POST whose body is stored once and sent byte for byte o
      "data": {...}}
 
 with the headers ``X-Canopy-Signature: sha256=<hex HMAC-SHA256 of the body with the
-webhook's secret>``, ``X-Canopy-Delivery: <deliveryId>`` and ``X-Canopy-Event: <kind>``.
+webhook's secret>``, ``X-Canopy-Delivery: <deliveryId>``, ``X-Canopy-Event: <kind>``, and
+against replays ``X-Canopy-Timestamp: <unix seconds when this attempt was sent>`` with
+``X-Canopy-Timestamp-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>.<body>">``: a receiver
+that checks it and refuses old timestamps cannot be fed a recorded delivery again.
+
+Where a delivery may go (``check_url`` when a webhook is saved, ``refused_address`` for every
+address the sender connects to): https to public addresses only, plain http to loopback only;
+never a private, link-local, unspecified or cloud metadata address, whatever name points there.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ import hmac
 import ipaddress
 import json
 import secrets
+import socket
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -45,6 +54,10 @@ from delegation.services.identity import Actor
 
 TEST_KIND = "test"
 SIGNATURE_HEADER = "X-Canopy-Signature"
+TIMESTAMP_HEADER = "X-Canopy-Timestamp"
+TIMESTAMP_SIGNATURE_HEADER = "X-Canopy-Timestamp-Signature"
+# How old a timestamp ``verify_timestamped`` still accepts (a receiver's choice; this is ours).
+TIMESTAMP_TOLERANCE_SECONDS = 300
 MIN_SECRET_CHARS = 16
 
 
@@ -57,6 +70,31 @@ def sign(secret: str, body: bytes) -> str:
 def verify(secret: str, body: bytes, header: str) -> bool:
     """What a receiver does (constant-time comparison of the whole header value)."""
     return hmac.compare_digest(sign(secret, body), header or "")
+
+
+def sign_timestamped(secret: str, timestamp: str, body: bytes) -> str:
+    """The ``X-Canopy-Timestamp-Signature`` value: ``sha256=`` and the hex HMAC-SHA256 of
+    ``<timestamp>.<body>``, so the signature holds only with the timestamp it was sent with."""
+    return sign(secret, timestamp.encode("ascii") + b"." + body)
+
+
+def verify_timestamped(
+    secret: str,
+    body: bytes,
+    timestamp: str,
+    header: str,
+    *,
+    now: float | None = None,
+    tolerance: float = TIMESTAMP_TOLERANCE_SECONDS,
+) -> bool:
+    """What a receiver does against replays: the signature matches and the timestamp is recent."""
+    try:
+        sent = int(timestamp)
+    except (TypeError, ValueError):
+        return False
+    if abs((time.time() if now is None else now) - sent) > tolerance:
+        return False
+    return hmac.compare_digest(sign_timestamped(secret, timestamp, body), header or "")
 
 
 # --- Storing deliveries -------------------------------------------------------------------------
@@ -150,6 +188,23 @@ def require_admin(actor: Actor, action: str, target_id: str) -> None:
     raise PermissionRefused(f"{actor.label} has role {role or 'none'}; {action} needs admin")
 
 
+# Names of cloud instance metadata services (credentials live there); their addresses
+# (169.254.169.254, fd00:ec2::254, 100.100.100.200) are refused as non-public anyway.
+METADATA_NAMES = frozenset(
+    {
+        "metadata",
+        "metadata.google.internal",
+        "metadata.goog",
+        "metadata.azure.internal",
+        "instance-data",
+        "instance-data.ec2.internal",
+    }
+)
+METADATA_ADDRESSES = frozenset(
+    ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200")
+)
+
+
 def _loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -159,9 +214,67 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def resolve_host(host: str, port: int) -> list[str]:
+    """Every address ``host`` resolves to (the system resolver; tests replace this function so
+    that no name is looked up off the machine). Raises ``OSError`` when it does not resolve."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(info[4][0] for info in infos))
+
+
+def refused_address(address: str, *, scheme: str) -> str | None:
+    """Why a delivery may not go to ``address`` (an IP address as text), or None if it may:
+    http goes to loopback only, https to public addresses only."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return f"{address!r} is not an IP address"
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip in METADATA_ADDRESSES:
+        return f"{ip} is a cloud metadata address"
+    if ip.is_loopback:
+        if scheme == "http":
+            return None
+        return f"{ip} is loopback (for a receiver on this machine use http://127.0.0.1)"
+    if scheme == "http":
+        return f"{ip} is not loopback (http goes to this machine only)"
+    if ip.is_unspecified:
+        return f"{ip} is not a public address (it means this machine)"
+    if ip.is_link_local:
+        return f"{ip} is link-local"
+    if ip.is_private:
+        return f"{ip} is a private address"
+    if not ip.is_global or ip.is_multicast:
+        return f"{ip} is not a public address"
+    return None
+
+
+def check_target(scheme: str, host: str, port: int) -> None:
+    """Refuse a host that is, or resolves to, an address a delivery may not go to.
+
+    A name that does not resolve (yet) passes here: the sender resolves it again before
+    every connection and refuses it then, so no lookup result is ever trusted for long.
+    """
+    if host.rstrip(".") in METADATA_NAMES:
+        raise RpcError(INVALID_PARAMS, f"url: {host!r} is a cloud metadata service")
+    try:
+        ipaddress.ip_address(host)
+        addresses = [host]
+    except ValueError:
+        try:
+            addresses = resolve_host(host, port)
+        except OSError:
+            return
+    for address in addresses:
+        reason = refused_address(address, scheme=scheme)
+        if reason is not None:
+            shown = "" if address == host else f"{host!r} resolves to "
+            raise RpcError(INVALID_PARAMS, f"url: {shown}{reason}")
+
+
 def check_url(url: str) -> str:
-    """HTTPS anywhere, or plain HTTP to this machine only (a secret must not cross a network
-    in the clear)."""
+    """HTTPS to a public address, or plain HTTP to this machine only (a secret must not cross
+    a network in the clear); never an address inside the server's own networks."""
     if not isinstance(url, str) or not url.strip():
         raise RpcError(INVALID_PARAMS, "url: required")
     url = url.strip()
@@ -178,9 +291,11 @@ def check_url(url: str) -> str:
     if parts.username is not None or parts.password is not None:
         raise RpcError(INVALID_PARAMS, "url: must not carry credentials (use the secret)")
     if parts.scheme == "https":
+        check_target("https", host, parts.port or 443)
         return url
     if parts.scheme == "http":
         if _loopback(host):
+            check_target("http", host, parts.port or 80)
             return url
         raise RpcError(
             INVALID_PARAMS,

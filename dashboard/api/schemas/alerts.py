@@ -25,7 +25,8 @@ class WebhookBody(Strict):
     """A new webhook. Omit `secret` to have one made; it is answered once, here."""
 
     url: Annotated[str, Field(pattern=URL_PATTERN, max_length=2048)] = Field(
-        description="HTTPS, or plain HTTP to loopback only (127.0.0.1, ::1, localhost)"
+        description="HTTPS to a public address, or plain HTTP to loopback only (127.0.0.1, "
+        "::1, localhost); never a private, link-local or cloud metadata address"
     )
     kinds: Annotated[list[AlertKind], Field(min_length=1, max_length=16)] = Field(
         description="Which alerts to send: " + ", ".join(ALERT_KINDS)

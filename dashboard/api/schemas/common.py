@@ -106,6 +106,13 @@ def cursor_param(prefix: str):
 NO_NUL = r"^[^\x00]*$"
 
 
+def no_nul(value: str) -> str:
+    """A field validator: the published NO_NUL pattern, checked as published."""
+    if not re.search(NO_NUL, value):
+        raise ValueError("must not contain NUL")
+    return value
+
+
 NOT_BLANK_NO_NUL = r"^[^\x00]*[^\x00\s][^\x00]*$"
 
 

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 
 from ninja import Schema
 from pydantic import Field, field_validator
 
-from dashboard.api.schemas.common import NO_NUL
+from dashboard.api.schemas.common import NO_NUL, no_nul
 from delegation.models import LeaseState
 from delegation.wire import Strict
-
-
-def _no_nul(value: str) -> str:
-    if not re.search(NO_NUL, value):
-        raise ValueError("must not contain NUL")
-    return value
 
 
 class ReleaseBody(Strict):
@@ -26,7 +19,7 @@ class ReleaseBody(Strict):
         default="", max_length=2000, description="Why; recorded in the audit log.",
         json_schema_extra={"pattern": NO_NUL},
     )  # fmt: skip
-    _reason = field_validator("reason")(_no_nul)
+    _reason = field_validator("reason")(no_nul)
 
 
 class ReleaseOutcome(Schema):

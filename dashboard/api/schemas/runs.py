@@ -15,6 +15,7 @@ from dashboard.api.schemas.common import (
     NOT_BLANK_NO_NUL,
     REQUEST_ID,
     ChildCounts,
+    no_nul,
     not_blank_no_nul,
 )
 from dashboard.api.schemas.usage import BudgetLimitsBody, BudgetOut, TreeBudget, TreeUsage, Usage
@@ -36,12 +37,7 @@ class CancelBody(Strict):
         default=False, description="Also cancel every non-terminal descendant, reporting each."
     )
 
-    @field_validator("reason")
-    @classmethod
-    def _reason(cls, value: str) -> str:
-        if not re.search(NO_NUL, value):
-            raise ValueError("must not contain NUL")
-        return value
+    _reason = field_validator("reason")(no_nul)
 
 
 class SteerBody(Strict):

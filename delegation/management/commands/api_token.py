@@ -5,6 +5,8 @@ A token acts with its user's role (viewer, operator, admin), or only reads with
 shown again. Revoke it by the prefix ``list`` prints.
 """
 
+import argparse
+import math
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
@@ -14,6 +16,24 @@ from django.utils import timezone
 from delegation import roles
 from delegation.models import ApiToken
 from delegation.services import tokens
+
+# A hundred years: far enough for "never" in practice, near enough that the expiry date is
+# representable (``timedelta`` and ``datetime`` overflow well before ``float`` does).
+MAX_EXPIRY_DAYS = 36525
+
+
+def expiry_days(text: str) -> float:
+    """``--expires-in``: a finite number of days, more than 0 and at most MAX_EXPIRY_DAYS."""
+    try:
+        days = float(text)
+    except ValueError:
+        days = math.nan
+    if not (math.isfinite(days) and 0 < days <= MAX_EXPIRY_DAYS):
+        # argparse names the option in front of this message.
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of days more than 0 and at most {MAX_EXPIRY_DAYS}"
+        )
+    return days
 
 
 class Command(BaseCommand):
@@ -26,10 +46,11 @@ class Command(BaseCommand):
         create.add_argument("--name", default="", help="a label, e.g. the script using it")
         create.add_argument(
             "--expires-in",
-            type=float,
+            type=expiry_days,
             default=None,
             metavar="DAYS",
-            help="refuse the token after this many days (default: valid until revoked)",
+            help=f"refuse the token after this many days, at most {MAX_EXPIRY_DAYS} "
+            "(default: valid until revoked)",
         )
         create.add_argument(
             "--read-only",
@@ -52,8 +73,6 @@ class Command(BaseCommand):
             raise CommandError(f"user {username!r} is inactive; its tokens would not work")
         expires_at = None
         if expires_in is not None:
-            if not expires_in > 0:
-                raise CommandError("--expires-in: must be a positive number of days")
             expires_at = timezone.now() + timedelta(days=expires_in)
         api_token, token = tokens.create_api_token(
             user, name, expires_at=expires_at, read_only=read_only

@@ -25,6 +25,8 @@ class Command(BaseCommand):
 
     async def _loop(self, once: bool):
         async with webhooks.make_client() as client:
+            # Each delivery on its own task: a hanging receiver does not hold up the sweep.
+            sender = webhooks.Sender(client)
             while True:
                 report = await database_sync_to_async(sweep.sweep)()
                 if report.expired_leases or report.lost_runners:
@@ -32,9 +34,12 @@ class Command(BaseCommand):
                         f"expired leases: {report.expired_leases}; "
                         f"lost runners: {report.lost_runners}"
                     )
-                outcomes = await webhooks.deliver_due(client)
-                if outcomes:
-                    self.stdout.write(f"webhook deliveries: {outcomes}")
+                await sender.sweep()
+                if once:
+                    await sender.wait()
+                if sender.outcomes:
+                    self.stdout.write(f"webhook deliveries: {sender.outcomes}")
+                    sender.outcomes.clear()
                 if once:
                     return
                 await asyncio.sleep(settings.MAINTENANCE_INTERVAL_SECONDS)
