@@ -36,9 +36,10 @@ $(AGENTS_STAMP):
 agents: $(AGENTS_STAMP)
 
 # The settings refuse the development SECRET_KEY with DEBUG off: without one in the
-# environment, run and serve use a random key made once for this checkout (owner-only file).
+# environment, run and serve use a random key made once for this checkout (owner-only file),
+# named by SECRET_KEY_FILE so the key itself is in no process's environment.
 DEV_KEY := var/dev-secret-key
-KEYED := SECRET_KEY="$${SECRET_KEY:-$$(cat $(DEV_KEY))}"
+KEYED := $(if $(SECRET_KEY)$(SECRET_KEY_FILE),,SECRET_KEY_FILE=$(CURDIR)/$(DEV_KEY))
 
 $(DEV_KEY):
 	@mkdir -p var && umask 077 && $(PY) -c 'import secrets; print(secrets.token_urlsafe(50))' > $@

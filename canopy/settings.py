@@ -64,14 +64,44 @@ def env_list(name, default):
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
-DEBUG = env_bool("DEBUG", False)
-DEVELOPMENT_SECRET_KEY = "canopy-insecure-development-key-change-me"
-SECRET_KEY = env_str("SECRET_KEY", DEVELOPMENT_SECRET_KEY)
-# Anyone who knows the key forges session cookies: outside DEBUG, a known or short key is a
-# start-up error, not a silent default.
+def secret_from_file(name: str) -> str | None:
+    """The secret in the file ``name`` (a ``*_FILE`` variable) names, or None if unset: a key in
+    a file is in no process's environment (``/proc/<pid>/environ``). The file must be readable
+    by its owner only."""
+    path = os.environ.get(name, "").strip()
+    if not path:
+        return None
+    try:
+        mode = os.stat(path).st_mode
+        with open(path, encoding="utf-8") as fh:
+            value = fh.read().strip()
+    except OSError as exc:
+        raise ImproperlyConfigured(f"{name}: cannot read {path}: {exc.strerror}") from None
+    if mode & 0o077:
+        raise ImproperlyConfigured(
+            f"{name}: {path} is readable by others (mode {mode & 0o777:o}); chmod 600 it"
+        )
+    if not value:
+        raise ImproperlyConfigured(f"{name}: {path} is empty")
+    return value
+
+
 # `manage.py runner` is a client of the server that signs nothing: a runner machine needs no
 # server key (and should not hold one).
 _RUNNER_ONLY = sys.argv[1:2] == ["runner"]
+if not _RUNNER_ONLY:
+    # Everything the server writes (the SQLite database and its WAL, the data directory, the
+    # static root, logs) is its owner's alone; a runner keeps the operator's umask for agents.
+    os.umask(os.umask(0o077) | 0o077)
+
+DEBUG = env_bool("DEBUG", False)
+DEVELOPMENT_SECRET_KEY = "canopy-insecure-development-key-change-me"
+_KEY_FROM_FILE = secret_from_file("SECRET_KEY_FILE")
+if _KEY_FROM_FILE is not None and os.environ.get("SECRET_KEY"):
+    raise ImproperlyConfigured("set SECRET_KEY or SECRET_KEY_FILE, not both")
+SECRET_KEY = _KEY_FROM_FILE or env_str("SECRET_KEY", DEVELOPMENT_SECRET_KEY)
+# Anyone who knows the key forges session cookies: outside DEBUG, a known or short key is a
+# start-up error, not a silent default.
 if (
     not DEBUG
     and not _RUNNER_ONLY
@@ -85,7 +115,7 @@ if (
     raise ImproperlyConfigured(
         f"SECRET_KEY must be a random value of at least 50 characters when DEBUG is off (got "
         f"{_got}); generate one with python -c 'import secrets; print(secrets.token_urlsafe(50))'"
-        ", or set DEBUG=true for development"
+        " (in SECRET_KEY, or a file named by SECRET_KEY_FILE), or set DEBUG=true for development"
     )
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
@@ -166,8 +196,23 @@ if DATABASE_URL:
         conn_health_checks=True,
     )
 else:
-    DATA_DIR.mkdir(parents=True, exist_ok=True)
     _default = {"ENGINE": "django.db.backends.sqlite3", "NAME": DATA_DIR / "canopy.sqlite3"}
+
+
+def private_data_dir(path: Path) -> None:
+    """The data directory 0700 and the SQLite files in it 0600, whatever made them before: they
+    hold every session key, and a readable ``django_session`` signs anyone in."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_uid != os.geteuid():
+        return  # another account's directory: not this process's to change
+    path.chmod(0o700)
+    for entry in path.glob("*.sqlite3*"):
+        if entry.is_file() and entry.stat().st_uid == os.geteuid():
+            entry.chmod(0o600)
+
+
+if not DATABASE_URL and not _RUNNER_ONLY:
+    private_data_dir(DATA_DIR)
 
 if _default["ENGINE"] == "django.db.backends.sqlite3":
     _default["OPTIONS"] = {

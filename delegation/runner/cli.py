@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -252,7 +253,25 @@ def build_engine(args):
     return ScriptedEngine(cfg), args.workspace, None
 
 
+PR_SET_DUMPABLE = 4
+
+
+def not_dumpable() -> bool:
+    """Make this process undumpable: no process of its account may then read its memory
+    (``/proc/<pid>/mem``, ptrace) or environment, where the runner token lives, whatever an
+    agent's sandbox. Cleared again by an ``execve``, so called in the runner's final image."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0:
+            return True
+        log.warning("prctl(PR_SET_DUMPABLE, 0) failed: %s", os.strerror(ctypes.get_errno()))
+    except (OSError, AttributeError) as exc:
+        log.warning("prctl(PR_SET_DUMPABLE, 0) unavailable: %s", exc)
+    return False
+
+
 async def run(args) -> int:
+    not_dumpable()
     token = read_token(args)
     engine, workspace, config_extension = build_engine(args)
     depth = None

@@ -41,8 +41,17 @@ from delegation.client import ClientError, RpcError, event
 from delegation.runner import process as proc
 from delegation.runner.formats import FORMATS, make_format
 from delegation.runner.host import Outcome, RunContext
-from delegation.runner.mcpconfig import SHAPES, McpConfigFile, as_token, redact, run_token
+from delegation.runner.mcpconfig import (
+    LIVE_TOKENS,
+    SHAPES,
+    McpConfigFile,
+    as_token,
+    redact,
+    redact_outcome,
+    run_token,
+)
 from delegation.runner.presets import AgentPreset, PresetEngine, check_fields, confine
+from delegation.runner.sandbox import PrivateHome
 
 log = logging.getLogger("canopy.runner.command")
 
@@ -172,14 +181,24 @@ class CommandEngine(PresetEngine):
             )
             ctx.data["mcp_config"] = config.path
             ctx.data["run_token"] = token.token
+            LIVE_TOKENS.add(token.token)
+        home = PrivateHome(preset) if preset.sandboxed else None
         try:
-            return await self._run(ctx, preset, cwd, config)
+            return redact_outcome(await self._run(ctx, preset, cwd, config, home))
         finally:
             if config is not None:
+                LIVE_TOKENS.discard(ctx.data["run_token"])
                 config.remove()
+            if home is not None:
+                home.remove()
 
     async def _run(
-        self, ctx: RunContext, preset: CommandPreset, cwd: str, config: McpConfigFile | None
+        self,
+        ctx: RunContext,
+        preset: CommandPreset,
+        cwd: str,
+        config: McpConfigFile | None,
+        home: PrivateHome | None,
     ) -> Outcome:
         mcp_path = config.path if config else ""
         process = await proc.spawn(
@@ -189,6 +208,7 @@ class CommandEngine(PresetEngine):
             cwd=cwd,
             env=self.environment(ctx, preset, cwd, mcp_path),
             limit=MAX_LINE,
+            home=home,
             private=config.directory if config else None,
         )
         ctx.data["process"] = process
@@ -227,6 +247,10 @@ class CommandEngine(PresetEngine):
             if pending:
                 proc.kill_group(process.pid, signal.SIGKILL)
                 await asyncio.wait(pending, timeout=1.0)
+            if process.sandboxed:
+                # bwrap exits with its agent's status while its own init may still be taking
+                # the sandbox down: nothing of the sandbox outlives the run.
+                proc.kill_group(process.pid, signal.SIGKILL)
             queue.put_nowait(None)
             await sender
         finally:

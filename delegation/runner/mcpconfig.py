@@ -38,12 +38,38 @@ def as_token(found: McpToken | Mapping[str, str]) -> McpToken:
     return McpToken(url=found["url"], token=found["token"], expires_at=found.get("expiresAt", ""))
 
 
-def redact(text: str, secret: str | None) -> str:
-    """``text`` with the run token replaced: an agent that prints its own MCP configuration
-    (a debug mode, a crash dump) must not put the token into an event or the runner's log."""
-    if secret and secret in text:
-        return text.replace(secret, "[run token]")
+# Every run token this runner has handed to a running child: an agent that found a sibling's
+# token (or its own, in a debug dump) must not put it into an event, an output or a log.
+LIVE_TOKENS: set[str] = set()
+REDACTED = "[run token]"
+
+
+def redact(text: str, secret: str | None = None) -> str:
+    """``text`` with every live run token (and ``secret``) replaced."""
+    for token in (secret, *LIVE_TOKENS) if secret else LIVE_TOKENS:
+        if token and token in text:
+            text = text.replace(token, REDACTED)
     return text
+
+
+def redact_value(value: Any) -> Any:
+    """``value`` (an event, or any part of one) with every live run token replaced."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return {k: redact_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_value(v) for v in value]
+    return value
+
+
+def redact_outcome(outcome):
+    """A run's :class:`~delegation.runner.host.Outcome` with every live run token replaced."""
+    if outcome.output:
+        outcome.output = redact(outcome.output)
+    if outcome.error:
+        outcome.error = redact(outcome.error)
+    return outcome
 
 
 def headers(token: McpToken, level: int) -> dict[str, str]:

@@ -10,9 +10,12 @@ always :func:`confine`-d to the engine's workspace.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pwd
 import shlex
+import shutil
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +23,14 @@ from typing import Any
 
 from delegation import errors as codes
 from delegation.client import Preset, RpcError
+from delegation.runner.sandbox import unsandboxed_warning, warm_masks
 
-SANDBOXES = ("bwrap",)
+log = logging.getLogger("canopy.runner")
+
+# "bwrap" (the default): the agent is contained (delegation/runner/sandbox.py); "none": it runs
+# as the runner's (or the preset's) account with everything that account can read.
+SANDBOXES = ("bwrap", "none")
+NETWORKS = ("host", "none")
 COMMON_FIELDS = frozenset(
     {
         "name",
@@ -34,6 +43,7 @@ COMMON_FIELDS = frozenset(
         "sandbox",
         "readOnly",
         "user",
+        "network",
     }
 )
 
@@ -47,9 +57,14 @@ class AgentPreset:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None  # default working directory, relative to the workspace
     cancel_grace: float = 5.0  # seconds between SIGTERM and SIGKILL
-    sandbox: str | None = None  # "bwrap": private /proc, the workspace the only writable path
+    sandbox: str = "bwrap"  # contained by default; "none" only when the preset says so
     read_only: tuple[str, ...] = ()  # more paths a sandboxed agent may read (an interpreter)
     user: str | None = None  # run the agent as this account (the runner must be root)
+    network: str = "host"  # a sandbox's network: the runner's ("host") or "none"
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.sandbox != "none"
 
 
 def check_fields(raw: Mapping[str, Any], *, label: str, extra: Iterable[str] = ()) -> dict:
@@ -78,9 +93,14 @@ def check_fields(raw: Mapping[str, Any], *, label: str, extra: Iterable[str] = (
     grace = raw.get("cancelGraceSeconds", 5.0)
     if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
         raise ValueError(f"{label}: 'cancelGraceSeconds' must be a number >= 0")
-    sandbox = raw.get("sandbox")
-    if sandbox is not None and sandbox not in SANDBOXES:
+    sandbox = raw.get("sandbox", "bwrap")
+    if sandbox not in SANDBOXES:
         raise ValueError(f"{label}: 'sandbox' must be one of {', '.join(SANDBOXES)}")
+    network = raw.get("network", "host")
+    if network not in NETWORKS:
+        raise ValueError(f"{label}: 'network' must be one of {', '.join(NETWORKS)}")
+    if network != "host" and sandbox == "none":
+        raise ValueError(f"{label}: 'network' {network!r} needs a sandbox")
     read_only = raw.get("readOnly", [])
     if not isinstance(read_only, list) or not all(
         isinstance(p, str) and os.path.isabs(p) for p in read_only
@@ -105,6 +125,7 @@ def check_fields(raw: Mapping[str, Any], *, label: str, extra: Iterable[str] = (
         "sandbox": sandbox,
         "read_only": tuple(read_only),
         "user": user,
+        "network": network,
     }
 
 
@@ -167,6 +188,20 @@ class PresetEngine:
         self.presets_by_name = by_name(presets, self.name)
         self.workspace = str(Path(workspace).resolve())
         self.mcp = mcp
+        contained = [p.name for p in presets if p.sandboxed]
+        if contained and not shutil.which("bwrap"):
+            raise ValueError(
+                f"preset(s) {', '.join(contained)}: agents run in a bubblewrap sandbox and "
+                "bwrap is not installed (apt-get install bubblewrap); a preset that must run "
+                'unsandboxed says "sandbox": "none"'
+            )
+        for preset in presets:
+            if not preset.sandboxed:
+                log.warning("%s", unsandboxed_warning(preset))
+        if os.geteuid() == 0 and any(p.sandboxed and not p.user for p in presets):
+            # The first root sandbox masks what only root may read in the system paths: found
+            # once per runner (seconds on a cold disk), in the background from the start.
+            threading.Thread(target=warm_masks, name="sandbox-masks", daemon=True).start()
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], workspace: str | None = None, **kwargs):

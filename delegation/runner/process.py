@@ -5,7 +5,8 @@
   and ``PANDO_DELEGATION_DEPTH`` set last; none of the runner's own environment (its token,
   server secrets) reaches an agent;
 - :func:`spawn`: the process in its own process group (a cancel reaches whatever it starts),
-  with pipes, optionally inside bubblewrap and/or as the preset's account;
+  with pipes, in its sandbox (:mod:`delegation.runner.sandbox`) unless the preset says
+  ``"sandbox": "none"``, as the preset's account if it names one;
 - :func:`terminate` / :func:`stop`: SIGTERM to the group, SIGKILL after the grace;
 - :func:`send_batches`: one sender per child that batches queued events into one emit.
 """
@@ -21,6 +22,8 @@ import signal
 from collections.abc import Mapping
 
 from delegation import depth as depthlib
+from delegation.runner import sandbox
+from delegation.runner.mcpconfig import redact_value
 from delegation.runner.presets import AgentPreset
 
 log = logging.getLogger("canopy.runner.process")
@@ -28,8 +31,6 @@ log = logging.getLogger("canopy.runner.process")
 # All an agent gets of the runner's environment: anything else (the runner's token,
 # SECRET_KEY, DATABASE_URL, cloud credentials) stays with the runner.
 PASSED_ENV = ("PATH", "HOME", "LANG", "TERM")
-# What a bwrap sandbox sees of the machine, read-only: the system, not the runner's files.
-SANDBOX_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
 
 
 def environment(
@@ -46,20 +47,6 @@ def environment(
     return depthlib.child_env(level, out)
 
 
-def bwrap(preset: AgentPreset, workspace: str, cwd: str, private: str | None = None) -> list[str]:
-    """The bubblewrap prefix: the system read-only, the workspace the one writable path,
-    a private /proc (no other process, the runner included, is visible), a fresh /tmp
-    (with the child's own MCP configuration directory, ``private``, read-only in it)."""
-    out = ["bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--new-session"]
-    for path in SANDBOX_SYSTEM + preset.read_only:
-        out += ["--ro-bind-try", path, path]
-    out += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    if private:
-        out += ["--ro-bind", private, private]
-    out += ["--bind", workspace, workspace, "--chdir", cwd, "--"]
-    return out
-
-
 async def spawn(
     preset: AgentPreset,
     argv: list[str],
@@ -68,11 +55,39 @@ async def spawn(
     cwd: str,
     env: dict[str, str],
     limit: int,
+    home: sandbox.PrivateHome | None = None,
     private: str | None = None,
 ) -> asyncio.subprocess.Process:
-    """Start ``argv`` as the preset says (sandbox, account), pipes on all three streams."""
-    if preset.sandbox == "bwrap":
-        argv = bwrap(preset, workspace, cwd, private) + argv
+    """Start ``argv`` as the preset says (in its sandbox, with ``home`` as its HOME, and
+    ``private``, its MCP configuration's directory; as its account), pipes on all three."""
+    seccomp = None
+    if preset.sandboxed:
+        if home is None:
+            raise ValueError("a sandboxed agent needs its private HOME")
+        seccomp = sandbox.setid_filter_fd()
+        prefix = sandbox.bwrap(
+            preset,
+            argv,
+            workspace=workspace,
+            cwd=cwd,
+            env=env,
+            home=home,
+            private=private,
+            seccomp_fd=seccomp,
+        )
+        argv = prefix + argv
+    try:
+        process = await _exec(preset, argv, cwd=cwd, env=env, limit=limit, seccomp=seccomp)
+    finally:
+        if seccomp is not None:
+            os.close(seccomp)  # bwrap has its own copy
+    # bwrap leads the process group: a SIGTERM to the whole group would end bwrap first, and
+    # bwrap takes its sandbox down with SIGKILL; a cancel signals the agent instead.
+    process.sandboxed = preset.sandboxed
+    return process
+
+
+async def _exec(preset: AgentPreset, argv, *, cwd, env, limit, seccomp):
     return await asyncio.create_subprocess_exec(
         *argv,
         cwd=cwd,
@@ -85,6 +100,7 @@ async def spawn(
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,  # its own process group: a cancel reaches its children
         limit=limit,
+        pass_fds=() if seccomp is None else (seccomp,),
     )
 
 
@@ -93,9 +109,36 @@ def kill_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
+def members(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` (from /proc)."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid:
+            out.append(int(entry.name))
+    return out
+
+
+def polite_stop(process) -> None:
+    """SIGTERM for the agent: its whole group, or, in a sandbox, all of it but bwrap."""
+    if not getattr(process, "sandboxed", False):
+        kill_group(process.pid, signal.SIGTERM)
+        return
+    for pid in members(process.pid):
+        if pid != process.pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+
+
 async def terminate(process, grace: float) -> None:
-    """SIGTERM to the process group; SIGKILL if the process has not exited after ``grace``."""
-    kill_group(process.pid, signal.SIGTERM)
+    """SIGTERM to the agent; SIGKILL to its group if it has not exited after ``grace``."""
+    polite_stop(process)
     try:
         async with asyncio.timeout(grace):
             await process.wait()
@@ -129,6 +172,7 @@ async def send_batches(ctx, queue: asyncio.Queue) -> None:
         while not queue.empty():
             batch.append(queue.get_nowait())
         done = None in batch
-        batch = [ev for ev in batch if ev is not None]
+        # Every live run token out, whichever child it belongs to (an agent may have found one).
+        batch = [redact_value(ev) for ev in batch if ev is not None]
         if batch:
             await ctx.emit(*batch)

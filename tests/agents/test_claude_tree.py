@@ -93,11 +93,18 @@ def api(server, token, method, path, body=None):
 
 
 def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    """Whether a process of group ``pgid`` still runs. A zombie does not: a sandbox's init
+    ends after bwrap and waits for the machine's init to reap it."""
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                    fields = fh.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != b"Z":
+                return True
+    return False
 
 
 async def wait_for(check, timeout=90, what="condition"):

@@ -153,6 +153,8 @@ async def test_it_steers_and_cancels_real_claude_code_children(daphne_server, tm
             await wait_for(lambda: _async(len(stub.turns) > before), what="the victim's turn")
             pid = host.runs[victim.run_id].data["pid"]
             assert pid_alive(pid)
+            # Claude Code runs in the sandbox a preset gets by default.
+            assert Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"bwrap\0")
             await c.child_cancel("root-run", ext, gen, victim.child_id)
             cancelled = await wait_for(
                 lambda: _done(child_result(victim.child_id)), what="the cancel"

@@ -86,7 +86,10 @@ def runner_env(**extra) -> dict:
 
 async def test_it_keeps_the_token_and_server_secrets_from_a_hostile_agent(daphne_server, tmp_path):
     _runner, token = await sync_to_async(tokens.create_runner)("hunted")
-    workspace, _outside, token_file, config = setup_hunt(tmp_path, {"env": {"STYLE": "x"}})
+    # Unsandboxed: what reaches an agent's environment when nothing else contains it.
+    workspace, _outside, token_file, config = setup_hunt(
+        tmp_path, {"env": {"STYLE": "x"}, "sandbox": "none"}
+    )
     # The token in the runner's initial environment, the way most operators will pass it.
     await asyncio.to_thread(
         run_runner, daphne_server, config, workspace, [], runner_env(CANOPY_RUNNER_TOKEN=token)
@@ -137,7 +140,7 @@ async def test_it_runs_a_user_preset_agent_unable_to_read_the_runner(daphne_serv
     try:
         base.chmod(0o755)
         workspace, outside, token_file, config = setup_hunt(
-            base, {"user": "nobody"}, python="/usr/bin/python3"
+            base, {"user": "nobody", "sandbox": "none"}, python="/usr/bin/python3"
         )
         for path in (workspace, outside):
             path.chmod(0o755)

@@ -21,6 +21,7 @@ from delegation.runner.acp.presets import AcpPreset, AcpRefused
 from delegation.runner.acp.session import CHUNK_MAX_AGE, Session
 from delegation.runner.host import Outcome, RunContext
 from delegation.runner.presets import PresetEngine, confine
+from delegation.runner.sandbox import PrivateHome
 
 log = logging.getLogger("canopy.runner.acp")
 STDERR_TAIL = 20
@@ -66,6 +67,7 @@ class AcpEngine(PresetEngine):
             return []
         token = mcpconfig.as_token(found)
         ctx.data["run_token"] = token.token
+        mcpconfig.LIVE_TOKENS.add(token.token)
         headers = [
             HttpHeader(name=k, value=v) for k, v in mcpconfig.headers(token, ctx.depth).items()
         ]
@@ -78,6 +80,15 @@ class AcpEngine(PresetEngine):
     async def run(self, ctx: RunContext) -> Outcome:
         preset = self.preset_of(ctx)
         cwd = confine(self.workspace, ctx.cwd or preset.cwd)
+        home = PrivateHome(preset) if preset.sandboxed else None
+        try:
+            return mcpconfig.redact_outcome(await self._run(ctx, preset, cwd, home))
+        finally:
+            mcpconfig.LIVE_TOKENS.discard(ctx.data.get("run_token"))
+            if home is not None:
+                home.remove()
+
+    async def _run(self, ctx, preset: AcpPreset, cwd: str, home: PrivateHome | None) -> Outcome:
         process = await proc.spawn(
             preset,
             list(preset.command),
@@ -85,6 +96,7 @@ class AcpEngine(PresetEngine):
             cwd=cwd,
             env=self.environment(ctx, preset, cwd),
             limit=STREAM_LIMIT,
+            home=home,
         )
         ctx.data["process"] = process
         ctx.data["pid"] = process.pid

@@ -86,11 +86,16 @@ async def harness(daphne_server, tmp_path, monkeypatch):
     workspace = tmp_path / "ws"
     (workspace / "sub").mkdir(parents=True)
     env = {"ACP_AGENT_STATE": str(state), "ACP_AGENT_RELEASE": str(state / "release")}
+    # Unsandboxed: the stub reports its host pid and writes its state outside the workspace
+    # (the sandbox's own tests are tests/security/test_containment.py).
+    bare = {"sandbox": "none"}
     presets = [
-        AcpPreset("acp", AGENT, env=env, allow_tool_kinds=("read", "search"), cancel_grace=2.0),
-        AcpPreset("stubborn", AGENT, env=env, cancel_grace=0.5),
-        AcpPreset("noload", AGENT, env={**env, "ACP_AGENT_NO_LOAD": "1"}),
-        AcpPreset("crash", AGENT, env={**env, "ACP_AGENT_CRASH": "1"}),
+        AcpPreset(
+            "acp", AGENT, env=env, allow_tool_kinds=("read", "search"), cancel_grace=2.0, **bare
+        ),
+        AcpPreset("stubborn", AGENT, env=env, cancel_grace=0.5, **bare),
+        AcpPreset("noload", AGENT, env={**env, "ACP_AGENT_NO_LOAD": "1"}, **bare),
+        AcpPreset("crash", AGENT, env={**env, "ACP_AGENT_CRASH": "1"}, **bare),
     ]
     asked = []
 
@@ -287,6 +292,7 @@ async def test_it_runs_a_root_through_the_runner_command_line_with_engine_acp(
         "command": AGENT,
         "allowToolKinds": ["read"],
         "env": {"ACP_AGENT_STATE": str(state)},
+        # Sandboxed, as a preset is by default: its state is inside the workspace (".").
     }
     config.write_text(json.dumps({"workspace": ".", "presets": [preset]}))
     env = {**os.environ, "CANOPY_RUNNER_TOKEN": token}
@@ -306,6 +312,9 @@ async def test_it_runs_a_root_through_the_runner_command_line_with_engine_acp(
     assert runs == [(0, "succeeded", "Echo: from the command line")]
     # The agent got Canopy's MCP server with a run token the server issued for this run.
     (started,) = [json.loads(line) for line in (state / "started.jsonl").read_text().splitlines()]
+    # In its sandbox: its own pid namespace, and an unprivileged uid under a root runner.
+    assert started["pid"] <= 3 and started["token"] == "-", started
+    assert started["uid"] != 0, started
     (server,) = started["mcpServers"]
     assert (server["type"], server["name"]) == ("http", "canopy")
     assert server["url"] == daphne_server.http_url + "/mcp"

@@ -133,8 +133,11 @@ def command_engine(workspace: Path) -> CommandEngine:
     agent = [sys.executable, str(AGENT)]
     return CommandEngine(
         [
-            CommandPreset("echo", agent + ["{message}"], system_prompt="Echo things."),
-            CommandPreset("stubborn", agent + ["stubborn"], cancel_grace=0.5),
+            # Unsandboxed: the stub's pids are checked on the host.
+            CommandPreset(
+                "echo", agent + ["{message}"], system_prompt="Echo things.", sandbox="none"
+            ),
+            CommandPreset("stubborn", agent + ["stubborn"], cancel_grace=0.5, sandbox="none"),
         ],
         str(workspace),
     )

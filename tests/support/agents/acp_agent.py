@@ -95,6 +95,7 @@ class TestAgent:
         servers = [s.model_dump(mode="json", by_alias=True) for s in mcp_servers or []]
         info = {
             "pid": os.getpid(),
+            "uid": os.getuid(),
             "cwd": cwd,
             "depth": os.environ.get("PANDO_DELEGATION_DEPTH"),
             "token": os.environ.get("CANOPY_RUNNER_TOKEN", "-"),
