@@ -90,8 +90,3 @@ HANDLERS = {
 # Methods the consumer handles itself around the call: register swaps the connection, and
 # release answers only once the lease's children have stopped.
 METHODS = frozenset(HANDLERS) | {"runner.register", "child.lease.release"}
-# Methods that may queue server-to-runner commands (child.execute, run.cancel of foreground
-# children, run.steer): flush right away instead of waiting for the doorbell or the poll.
-QUEUES_COMMANDS = frozenset(
-    {"child.start", "child.cancel", "child.steer", "run.finish", "tool.end"}
-)

@@ -18,6 +18,7 @@ from delegation.selectors.events import (
 )
 from delegation.selectors.leases import get_lease, leases_held_by, leases_matching
 from delegation.selectors.runners import (
+    fence_states,
     launch_choices,
     presets_of_runner,
     run_counts_of_runner,
@@ -119,6 +120,7 @@ __all__ = [
     "run_rows",
     "run_state",
     "runner_names",
+    "fence_states",
     "runner_overview",
     "runner_states",
     "runners_matching",

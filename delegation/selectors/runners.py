@@ -110,3 +110,12 @@ def presets_of_runner(runner_pk: int) -> list:
     return list(
         ExtensionPreset.objects.filter(runner_id=runner_pk).order_by("extension_id", "name")
     )
+
+
+def fence_states(runner_pks) -> dict[int, tuple[int, bool, str]]:
+    """pk -> (connection generation, revoked, token hash) of each runner, for the socket
+    fence watch of every server process."""
+    rows = Runner.objects.filter(pk__in=list(runner_pks)).values_list(
+        "pk", "connection_generation", "revoked_at", "token_hash"
+    )
+    return {pk: (generation, revoked is not None, token) for pk, generation, revoked, token in rows}

@@ -10,9 +10,11 @@ from delegation.services import rollups
 from delegation.services.base import lock_run, store_server_event
 from delegation.services.identity import Connection
 from delegation.services.lifecycle import mark_finished
+from delegation.services.locks import retry_conflicts
 from delegation.wire import canonical
 
 
+@retry_conflicts
 def command_answered(conn: Connection, command_pk: int, result=None, error=None) -> None:
     """A runner answered a server request: store the answer, then act on it by method."""
     with transaction.atomic(), rollups.batch():
@@ -20,7 +22,7 @@ def command_answered(conn: Connection, command_pk: int, result=None, error=None)
         # replaced, or a revoked runner's, is fenced even before its socket hears so; its
         # answers change nothing and the command goes out again to the next valid connection.
         current = (
-            Runner.objects.select_for_update()
+            Runner.objects.select_for_update(no_key=True)
             .filter(
                 pk=conn.runner_pk, connection_generation=conn.generation, revoked_at__isnull=True
             )

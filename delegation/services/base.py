@@ -7,15 +7,10 @@ from django.utils import timezone
 
 from delegation import metrics, notify
 from delegation.models import ACTIVITY_CHARS, TASK_CHARS, Event, Run
-from delegation.selectors import RESULT_RELATED
 
-# Re-exported: the MCP server has always found the connection here.
+# Re-exported: the MCP server has always found the connection here, the services lock_run.
 from delegation.services.identity import Connection  # noqa: F401
-
-
-def lock_run(pk: int) -> Run:
-    # of=("self",): PostgreSQL cannot lock the nullable side of the outer joins.
-    return Run.objects.select_for_update(of=("self",)).select_related(*RESULT_RELATED).get(pk=pk)
+from delegation.services.locks import lock_run  # noqa: F401
 
 
 def store_server_event(run: Run, kind: str, *, actor: str = "", **fields) -> Event:

@@ -45,6 +45,7 @@ from delegation.selectors import RESULT_RELATED, events_after, snapshot
 from delegation.services import budgets, lifecycle, rollups
 from delegation.services.base import lock_run, store_server_event
 from delegation.services.identity import Actor, Caller, Connection, as_caller
+from delegation.services.locks import retry_conflicts
 from delegation.services.operator import do_cancel_run, do_release_lease, do_steer_run
 from delegation.services.runners import current_runner
 from delegation.wire import REASONING_EFFORTS, Params, Request, canonical, parse_model
@@ -144,22 +145,24 @@ def _owned_child(caller: Caller, params: Params) -> tuple[Authority, Run]:
     ]
     if not owned:
         raise not_owned
+    # Only the caller's own runs of the child: another parent on the same conversation may
+    # have resumed it, and that run is the other parent's alone (issue 21).
     if params.child_run_id is not None:
-        chosen = next((r for r in runs if r.run_id == params.child_run_id), None)
+        chosen = next((r for r in owned if r.run_id == params.child_run_id), None)
         if chosen is None:
             raise RpcError(
                 NOT_OWNED, f"childRunId: {params.child_run_id!r} is not a run of that child"
             )
         return auth, chosen
     if len(runs) > 1 and caller.via == RunVia.MCP.value:
-        # An agent names a child by childId only (SPEC §9): it means the child's latest run.
-        return auth, runs[-1]
+        # An agent names a child by childId only (SPEC §9): its latest run of that child.
+        return auth, owned[-1]
     if len(runs) > 1:
         raise RpcError(
             INVALID_PARAMS,
             f"childRunId: required because child {params.child_id!r} has {len(runs)} runs",
         )
-    return auth, runs[0]
+    return auth, owned[0]
 
 
 # --- child.start --------------------------------------------------------------------------
@@ -233,6 +236,7 @@ def start_child(caller: Caller | Connection, params: Params) -> dict:
     return outcome
 
 
+@retry_conflicts
 def _child_start(caller: Caller, params: Params):
     try:
         with transaction.atomic(), rollups.batch():
@@ -484,6 +488,7 @@ def do_start_child(start: _Start) -> dict:
 # --- child.read / cancel / steer / lease.release ------------------------------------------
 
 
+@retry_conflicts
 def read_child(caller: Caller | Connection, params: Params) -> dict:
     with transaction.atomic():
         _auth, child = _owned_child(as_caller(caller), params)
@@ -491,6 +496,7 @@ def read_child(caller: Caller | Connection, params: Params) -> dict:
         return snapshot(child, events)
 
 
+@retry_conflicts
 def cancel_child(caller: Caller | Connection, params: Params) -> dict:
     caller = as_caller(caller)
     with transaction.atomic():
@@ -500,6 +506,7 @@ def cancel_child(caller: Caller | Connection, params: Params) -> dict:
         return snapshot(lock_run(child.pk))
 
 
+@retry_conflicts
 def steer_child(caller: Caller | Connection, params: Params) -> dict:
     caller = as_caller(caller)
     with transaction.atomic():
@@ -512,6 +519,7 @@ def steer_child(caller: Caller | Connection, params: Params) -> dict:
         )
 
 
+@retry_conflicts
 def release_child_lease(conn: Connection, params: Params) -> tuple[int, list[str]]:
     """Revoke the lease and cancel its children; the caller waits for them to finish."""
     with transaction.atomic():

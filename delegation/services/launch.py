@@ -18,6 +18,7 @@ from delegation.models import Command, ExtensionPreset, Runner, RunnerState, Run
 from delegation.services import budgets, lifecycle
 from delegation.services.audit import audit, require_operator
 from delegation.services.identity import Actor
+from delegation.services.locks import retry_conflicts
 from delegation.wire import BudgetLimits, Request, parse_model
 
 
@@ -35,8 +36,7 @@ def do_launch_run(actor: Actor, launch: Launch) -> dict:
     """Store a top-level run and send it to its runner; answers the run's ``Result``."""
     require_operator(actor, "launch", "runner", launch.runner)
     try:
-        with transaction.atomic():
-            return _launch(actor, launch)
+        return _launch(actor, launch)
     except RpcError as refusal:
         # Audited in its own transaction: the launch itself rolled back.
         with transaction.atomic():
@@ -51,13 +51,19 @@ def do_launch_run(actor: Actor, launch: Launch) -> dict:
         raise
 
 
+@retry_conflicts
 def _launch(actor: Actor, launch: Launch) -> dict:
+    with transaction.atomic():
+        return _launch_locked(actor, launch)
+
+
+def _launch_locked(actor: Actor, launch: Launch) -> dict:
     run_id = f"r-{uuid.uuid4().hex}"
     fields = {"requestId": run_id, "profile": launch.profile, "message": launch.message}
     if launch.cwd:
         fields["cwd"] = launch.cwd
     request = parse_model(Request, fields, "body")
-    runner = Runner.objects.select_for_update().filter(name=launch.runner).first()
+    runner = Runner.objects.select_for_update(no_key=True).filter(name=launch.runner).first()
     if runner is None or runner.state == RunnerState.REVOKED:
         raise RpcError(NOT_REGISTERED, f"runner: no runner named {launch.runner!r}")
     if runner.state != RunnerState.CONNECTED:

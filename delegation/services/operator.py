@@ -35,6 +35,7 @@ from delegation.selectors import live_descendants
 from delegation.services.audit import audit, require_operator
 from delegation.services.base import lock_run, store_server_event
 from delegation.services.identity import Actor
+from delegation.services.locks import retry_conflicts
 from delegation.services.outbox import enqueue
 from delegation.wire import utf8_len, valid_id
 
@@ -62,6 +63,7 @@ def request_cancel(actor: Actor, run: Run, reason: str) -> str:
     return "requested"
 
 
+@retry_conflicts
 def do_cancel_run(actor: Actor, run: Run, *, reason: str = "", cascade: bool = False) -> dict:
     """Cancel a run, and with ``cascade`` every live descendant, reporting each one."""
     action = "cancel-subtree" if cascade else "cancel"
@@ -83,6 +85,7 @@ def do_cancel_run(actor: Actor, run: Run, *, reason: str = "", cascade: bool = F
         return report
 
 
+@retry_conflicts
 def do_steer_run(actor: Actor, run: Run, *, request_id: str, message: str) -> dict:
     """Queue a message for a running run; idempotent per child session by requestId."""
     require_operator(actor, "steer", "run", run.run_id)
@@ -158,6 +161,7 @@ def _steer_answer(outcome: str, reason: str) -> dict:
     return answer
 
 
+@retry_conflicts
 def do_release_lease(
     actor: Actor, lease: Lease, *, state: str = LeaseState.RELEASED, reason: str = ""
 ) -> dict:

@@ -9,6 +9,7 @@ from django.utils import timezone
 from delegation import notify
 from delegation.models import Command, Run, Runner, SteerReceipt
 from delegation.services.identity import Connection
+from delegation.services.locks import retry_conflicts
 
 
 def enqueue(
@@ -25,7 +26,11 @@ def enqueue(
     return command
 
 
-def claim_commands(conn: Connection, limit: int = 100) -> list[Command]:
+CLAIM_LIMIT = 100
+
+
+@retry_conflicts
+def claim_commands(conn: Connection, limit: int = CLAIM_LIMIT) -> list[Command]:
     """Commands this connection has not sent yet, marked as sent on its generation."""
     with transaction.atomic():
         runner = Runner.objects.filter(pk=conn.runner_pk).values("connection_generation").first()

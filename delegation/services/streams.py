@@ -21,6 +21,7 @@ from delegation.services import budgets, event_store, lifecycle, rollups
 from delegation.services.base import activity_of, lock_run
 from delegation.services.identity import Actor, Connection
 from delegation.services.lifecycle import mark_finished
+from delegation.services.locks import retry_conflicts
 from delegation.services.operator import request_cancel
 from delegation.services.runners import check_fence, current_runner
 from delegation.wire import (
@@ -37,6 +38,7 @@ from delegation.wire import (
 )
 
 
+@retry_conflicts
 def open_run(conn: Connection, params: RunOpenParams) -> dict:
     with transaction.atomic():
         runner = current_runner(conn)
@@ -173,6 +175,7 @@ def _usage_totals(usages) -> dict[str, int]:
     return totals
 
 
+@retry_conflicts
 def _append(conn: Connection, params: RunEventParams, rows, usages) -> tuple[dict, list[int]]:
     due: list[int] = []
     with transaction.atomic():
@@ -260,6 +263,7 @@ def _append(conn: Connection, params: RunEventParams, rows, usages) -> tuple[dic
     return answer, due
 
 
+@retry_conflicts
 def finish_run(conn: Connection, params: RunFinishParams) -> dict:
     with transaction.atomic(), rollups.batch():
         runner = current_runner(conn, lock=False)
@@ -279,6 +283,7 @@ def finish_run(conn: Connection, params: RunFinishParams) -> dict:
         return snapshot(run)
 
 
+@retry_conflicts
 def end_tool(conn: Connection, params: ToolEndParams) -> dict:
     with transaction.atomic():
         runner = current_runner(conn, lock=False)

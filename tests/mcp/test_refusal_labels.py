@@ -20,7 +20,7 @@ def runner_token(transactional_db):
 
 
 async def test_it_labels_a_budget_refusal_through_mcp_with_the_mcp_door(
-    daphne_server,  # noqa: F811
+    daphne_server,
     runner_token,
 ):
     async with LiveRunner(daphne_server, runner_token) as live:
