@@ -69,6 +69,7 @@ test-postgres: install agents
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 # The wheel, installed into a fresh virtual environment outside the checkout, must migrate,
 # serve and connect a runner (CI runs it after lint).

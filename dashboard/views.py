@@ -36,7 +36,7 @@ from delegation.models import (
 )
 from delegation.services.budgets import do_set_budget
 from delegation.services.launch import Launch, do_launch_run
-from delegation.services.operator import Actor, do_cancel_run, do_release_lease
+from delegation.services.operator import Actor, do_cancel_run, release_lease
 from delegation.wire import BudgetLimits, parse_model
 
 SINCE_CHOICES = (
@@ -378,7 +378,7 @@ def lease_release(request, pk):
     if lease is None:
         raise Http404(f"no lease {pk}")
     try:
-        report = do_release_lease(_actor(request), lease)
+        report = release_lease(_actor(request), lease)
     except (PermissionRefused, RpcError) as exc:
         return _refused(request, exc)
     pending = report["pending"]

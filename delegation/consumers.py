@@ -29,12 +29,11 @@ from delegation.errors import (
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     NOT_REGISTERED,
-    RELEASE_UNCONFIRMED,
     STALE_CONNECTION,
     RpcError,
 )
 from delegation.protocol import CLOSE_FENCED, CLOSE_UNAUTHORIZED, MAX_FRAME_BYTES, bearer_token
-from delegation.services import operator, outbox, runners, tokens
+from delegation.services import answers, operator, outbox, runners, tokens
 from delegation.wire import dumps, loads_strict, refuse_nul
 
 log = logging.getLogger(__name__)
@@ -82,7 +81,33 @@ def _lost_connection(exc: Exception) -> bool:
     return sqlstate is None or sqlstate.startswith("08") or sqlstate in _GONE_SQLSTATES
 
 
-def _collecting(function, *args):
+def _claim(conn) -> list:
+    """This connection's unsent commands, claimed once more on a fresh database connection
+    when a lost one cut the first try off; [] when even that fails (the next doorbell or the
+    poll sends them: a claim never turns into an error for a call already answered)."""
+    for attempt in (1, 2):
+        try:
+            return outbox.claim_commands(conn)
+        except (OperationalError, InterfaceError) as exc:
+            if not _lost_connection(exc):
+                break
+            log.warning("database connection lost claiming commands (attempt %d)", attempt)
+            with contextlib.suppress(Exception):
+                db_connection.close()
+        except Exception:
+            break
+    log.warning("could not claim commands for runner %s", conn.runner_pk, exc_info=True)
+    return []
+
+
+def _queued_for(conn, bells: dict) -> bool:
+    """Whether the call queued commands for this runner (its outbox doorbell is among the
+    call's): run.event through a budget stop, child.start, a cancel, a steer, a release..."""
+    ring = bells.get((notify.runner_group(conn.runner_pk), None))
+    return ring is not None and ring.get("type") == "outbox.ring"
+
+
+def _collecting(function, *args, claim_for=None):
     # A refusal may follow a commit (a depth refusal stores its event), so its doorbells
     # are returned alongside the error rather than lost with it.
     #
@@ -90,16 +115,23 @@ def _collecting(function, *args):
     # by requestId or by state, an answer by its command), so work cut off by a lost
     # database connection is tried once more on a fresh one; if that fails too the runner
     # is told the failure is retryable (-32603, data.retryable) and the SDK sends it again.
+    #
+    # With ``claim_for`` (the caller's connection), the commands the call queued for that
+    # runner are claimed on this same database thread, within the same lost-connection
+    # retry, so the socket sends them right after its answer.
     collected: dict = {}
     for attempt in (1, 2):
         with notify.collect() as bells:
             try:
                 result = function(*args)
                 collected.update(bells)
-                return result, None, collected
+                commands = []
+                if claim_for is not None and _queued_for(claim_for, collected):
+                    commands = _claim(claim_for)
+                return result, None, collected, commands
             except RpcError as exc:
                 collected.update(bells)
-                return None, exc, collected
+                return None, exc, collected, []
             except (OperationalError, InterfaceError) as exc:
                 collected.update(bells)
                 if not _lost_connection(exc):
@@ -112,7 +144,7 @@ def _collecting(function, *args):
         "database unavailable; the call changed nothing that a retry would repeat: retry it",
         data={"retryable": True},
     )
-    return None, error, collected
+    return None, error, collected, []
 
 
 def _valid_rpc_id(value) -> bool:
@@ -263,6 +295,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             )
             return
         params = frame.get("params", {})
+        commands: list = []
         try:
             if "\\u0000" in text_data:
                 refuse_nul(params)
@@ -276,7 +309,9 @@ class RunnerConsumer(AsyncWebsocketConsumer):
                 await self._release(rpc_id, params)
                 return
             else:
-                result = await self._call(rpc.HANDLERS[method], self.conn, params)
+                result, commands = await self._run(
+                    rpc.HANDLERS[method], self.conn, params, claim=True
+                )
         except RpcError as exc:
             await self._reply_error(rpc_id if has_id else None, exc, notify_only=not has_id)
             if exc.code == STALE_CONNECTION:
@@ -289,25 +324,31 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             return
         if has_id:
             await self._send({"jsonrpc": "2.0", "id": rpc_id, "result": result})
-        if method in rpc.QUEUES_COMMANDS:
-            await self._flush_outbox()
+        # What the call queued for this runner goes out on this socket at once, after the
+        # answer: never on the doorbell or the poll, and never as a second answer.
+        await self._send_commands(commands)
 
     async def _call(self, function, *args):
-        """Run a service function on a database thread, then ring its doorbells here.
+        result, _commands = await self._run(function, *args)
+        return result
+
+    async def _run(self, function, *args, claim: bool = False):
+        """Run a service function on a database thread, then ring its doorbells here; with
+        ``claim``, also answers the commands it queued for this runner, claimed there.
 
         On PostgreSQL each call takes any free thread of the pool (and that thread's own
         connection), so one runner's commit does not wait behind another's; a socket's own
         frames still run one after another, in order, as the consumer awaits each. SQLite has
         one writer: its calls share one thread, as channels does by default."""
         parallel = db_connection.vendor == "postgresql"
-        result, error, bells = await database_sync_to_async(
+        result, error, bells, commands = await database_sync_to_async(
             _collecting, thread_sensitive=not parallel
-        )(function, *args)
+        )(function, *args, claim_for=self.conn if claim else None)
         if bells:
             await notify.ring_collected(bells)
         if error is not None:
             raise error
-        return result
+        return result, commands
 
     async def _register(self, params):
         result, generation, fenced = await self._call(rpc.register, self.conn, params)
@@ -326,30 +367,23 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         return result
 
     async def _release(self, rpc_id, params):
-        lease_pk, pending = await self._call(rpc.child_lease_release, self.conn, params)
-        await self._flush_outbox()
+        (lease_pk, pending), commands = await self._run(
+            rpc.child_lease_release, self.conn, params, claim=True
+        )
+        await self._send_commands(commands)
         if not pending:
             await self._send({"jsonrpc": "2.0", "id": rpc_id, "result": {"done": True}})
             return
+        # Aside from the frame loop: the children finish through frames on this socket.
         self._spawn(self._await_release(rpc_id, lease_pk))
 
     async def _await_release(self, rpc_id, lease_pk):
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + settings.LEASE_RELEASE_WAIT_SECONDS
-        while True:
-            pending = await database_sync_to_async(operator.lease_pending)(lease_pk)
-            if not pending:
-                await self._send({"jsonrpc": "2.0", "id": rpc_id, "result": {"done": True}})
-                return
-            if loop.time() >= deadline:
-                error = RpcError(
-                    RELEASE_UNCONFIRMED,
-                    "cleanup is not yet confirmed; retry release",
-                    data={"pending": pending},
-                )
-                await self._reply_error(rpc_id, error)
-                return
-            await asyncio.sleep(0.05)
+        try:
+            result = await operator.await_release(lease_pk)
+        except RpcError as error:
+            await self._reply_error(rpc_id, error)
+            return
+        await self._send({"jsonrpc": "2.0", "id": rpc_id, "result": result})
 
     async def _on_answer(self, frame: dict):
         unknown = set(frame) - RESPONSE_KEYS
@@ -363,7 +397,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if not self.conn.generation or self.fenced:
             return
         await self._call(
-            outbox.command_answered,
+            answers.command_answered,
             self.conn,
             command_pk,
             frame.get("result"),
@@ -382,12 +416,30 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             return
         await self._send({"jsonrpc": "2.0", "id": rpc_id, "error": error.wire()})
 
-    async def _flush_outbox(self):
-        if self.conn is None or not self.conn.generation or self.fenced:
+    async def _send_commands(self, commands: list):
+        if not commands:
             return
         async with self.outbox_lock:
-            while True:
-                commands = await database_sync_to_async(outbox.claim_commands)(self.conn)
+            for command in commands:
+                await self._send(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": command.rpc_id,
+                        "method": command.method,
+                        "params": command.wire_params(),
+                    }
+                )
+        if len(commands) >= outbox.CLAIM_LIMIT:
+            await self._flush_outbox()  # more were waiting than one claim takes
+
+    async def _flush_outbox(self):
+        """Send every unsent command; a failure is logged, never answered (the next doorbell
+        or poll tries again)."""
+        if self.conn is None or not self.conn.generation or self.fenced:
+            return
+        while True:
+            commands = await database_sync_to_async(_claim)(self.conn)
+            async with self.outbox_lock:
                 for command in commands:
                     await self._send(
                         {
@@ -397,8 +449,8 @@ class RunnerConsumer(AsyncWebsocketConsumer):
                             "params": command.wire_params(),
                         }
                     )
-                if len(commands) < 100:
-                    return
+            if len(commands) < outbox.CLAIM_LIMIT:
+                return
 
     async def _keep_outbox_flowing(self):
         """Doorbells can be lost; a slow poll guarantees commands still go out."""
@@ -420,10 +472,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     # --- channel layer messages ---------------------------------------------------------
 
     async def outbox_ring(self, message):
-        try:
-            await self._flush_outbox()
-        except Exception:  # a dropped database connection: the next ring or poll retries
-            log.warning("outbox flush failed; retrying on the next ring or poll", exc_info=True)
+        await self._flush_outbox()
 
     async def runner_fenced(self, message):
         self.fenced = True

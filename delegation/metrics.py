@@ -119,7 +119,14 @@ class DatabaseCollector:
     def collect(self):
         from django.db.models import Count
 
-        from delegation.models import DeliveryState, Run, Runner, RunStatus, WebhookDelivery
+        from delegation.models import (
+            DeliveryState,
+            Run,
+            Runner,
+            RunnerState,
+            RunStatus,
+            WebhookDelivery,
+        )
 
         runs = GaugeMetricFamily("canopy_runs", "Runs by status", labels=["status"])
         counts = dict(Run.objects.order_by().values_list("status").annotate(n=Count("pk")))
@@ -133,14 +140,11 @@ class DatabaseCollector:
             "period or never connected, lost, revoked)",
             labels=["state"],
         )
-        live = Runner.objects.filter(revoked_at__isnull=True)
-        connected = live.filter(connected=True).count()
-        lost = live.filter(connected=False, lost_at__isnull=False).count()
-        revoked = Runner.objects.filter(revoked_at__isnull=False).count()
-        runners.add_metric(["connected"], connected)
-        runners.add_metric(["disconnected"], live.count() - connected - lost)
-        runners.add_metric(["lost"], lost)
-        runners.add_metric(["revoked"], revoked)
+        counts = dict(
+            Runner.objects.with_state().order_by().values_list("state").annotate(n=Count("pk"))
+        )
+        for state in RunnerState.values:
+            runners.add_metric([state], counts.get(state, 0))
         yield runners
 
         deliveries = GaugeMetricFamily(

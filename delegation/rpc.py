@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from delegation import metrics
 from delegation.services import children, run_tokens, runners, streams
-from delegation.services.children import Caller
-from delegation.services.runners import Connection
+from delegation.services.identity import Caller, Connection
 from delegation.wire import (
     Params,
     RegisterParams,
@@ -91,8 +90,3 @@ HANDLERS = {
 # Methods the consumer handles itself around the call: register swaps the connection, and
 # release answers only once the lease's children have stopped.
 METHODS = frozenset(HANDLERS) | {"runner.register", "child.lease.release"}
-# Methods that may queue server-to-runner commands (child.execute, run.cancel of foreground
-# children, run.steer): flush right away instead of waiting for the doorbell or the poll.
-QUEUES_COMMANDS = frozenset(
-    {"child.start", "child.cancel", "child.steer", "run.finish", "tool.end"}
-)

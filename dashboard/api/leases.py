@@ -102,12 +102,13 @@ def get_lease(request, id: IdParam):  # noqa: A002
     description="Needs the operator role (a refusal is audited). The same path as "
     "child.lease.release: the lease ends, `lease-released` is recorded on the run that held "
     "it, the runner is told (lease.revoked) and every child under it gets `cancel-requested`. "
-    "It answers at once: `done` is false while children are still winding down (`pending` "
-    "lists them); repeat the call to poll - a repeated release succeeds. " + LEASE_ADDRESSING,
+    "It waits up to 5 s (LEASE_RELEASE_WAIT_SECONDS) for them to finish: `done` is false if "
+    "they are still winding down (`pending` lists them); repeat the call to poll - a repeated "
+    "release succeeds. The body's `reason` is audited. " + LEASE_ADDRESSING,
 )
 @strict_query(NoParams)
 def release_lease(request, id: IdParam, body: ReleaseBody = ReleaseBody()):  # noqa: A002, B008
     lease = selectors.get_lease(id)
     if lease is None:
         raise Http404(f"id: no lease {id}")
-    return operator.do_release_lease(actor_for(request), lease)
+    return operator.release_lease(actor_for(request), lease, reason=body.reason)

@@ -27,17 +27,7 @@ class RunnerFilters(Schema):
 
 
 def runner_item(row: dict) -> dict:
-    item = dict(row)
-    if item["revokedAt"] is not None:
-        state = "revoked"
-    elif item["connected"]:
-        state = "connected"
-    elif item["lostAt"] is not None:
-        state = "lost"
-    else:
-        state = "disconnected"
-    item["state"] = state
-    return item
+    return dict(row)  # ``state`` as the model derives it (``Runner.objects.with_state``)
 
 
 @router.get(

@@ -7,7 +7,7 @@ from django.contrib import admin
 from delegation.admin.base import RoleAdmin, admin_actor, report_outcomes
 from delegation.errors import PermissionRefused, RpcError
 from delegation.models import Lease
-from delegation.services.operator import do_release_lease
+from delegation.services.operator import release_lease
 
 
 @admin.action(description="Release selected leases", permissions=["operate"])
@@ -15,7 +15,7 @@ def release_leases(modeladmin, request, queryset):
     done, refused = [], []
     for lease in queryset:
         try:
-            report = do_release_lease(admin_actor(request), lease)
+            report = release_lease(admin_actor(request), lease)
         except (PermissionRefused, RpcError) as exc:
             refused.append(f"{lease.lease_id}: refused: {exc}")
             continue

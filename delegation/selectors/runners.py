@@ -79,7 +79,7 @@ def runner_names():
 
 
 def runners_matching(*, connected=None, name=None):
-    runners = Runner.objects.all()
+    runners = Runner.objects.with_state()
     if connected is not None:
         runners = runners.filter(connected=connected)
     if name is not None:
@@ -88,6 +88,7 @@ def runners_matching(*, connected=None, name=None):
         "pk",
         "connected",
         "workspace",
+        "state",
         runnerId=F("name"),
         connectionGeneration=F("connection_generation"),
         hostInstanceId=F("host_instance_id"),

@@ -40,7 +40,8 @@ from delegation.models import (
     WebhookAttempt,
     WebhookDelivery,
 )
-from delegation.services.operator import Actor, audit
+from delegation.services.audit import audit
+from delegation.services.identity import Actor
 
 TEST_KIND = "test"
 SIGNATURE_HEADER = "X-Canopy-Signature"

@@ -1,35 +1,16 @@
-"""Row-level steps every domain shares: locking a run, a server event, a run's terminal state."""
+"""Row-level steps every domain shares: locking a run, a server event, a run's task and activity."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from django.db import transaction
 from django.utils import timezone
 
 from delegation import metrics, notify
-from delegation.models import ACTIVITY_CHARS, TASK_CHARS, Event, Run, RunStatus
-from delegation.selectors import RESULT_RELATED
+from delegation.models import ACTIVITY_CHARS, TASK_CHARS, Event, Run
 
-
-@dataclass(frozen=True)
-class Connection:
-    """One authenticated runner socket, as the consumer knows it."""
-
-    runner_pk: int
-    generation: int = 0
-    declared_depth: int | None = None
-    channel_name: str = ""
-    # The server's address as this socket reached it (http[s]://host), for run tokens' url.
-    base_url: str = ""
-    # The token hash the socket authenticated with: after a rotation the socket's old
-    # credential must not register (the handshake is the only other place it is checked).
-    credential: str = ""
-
-
-def lock_run(pk: int) -> Run:
-    # of=("self",): PostgreSQL cannot lock the nullable side of the outer joins.
-    return Run.objects.select_for_update(of=("self",)).select_related(*RESULT_RELATED).get(pk=pk)
+# Re-exported: the MCP server has always found the connection here, the services lock_run.
+from delegation.services.identity import Connection  # noqa: F401
+from delegation.services.locks import lock_run  # noqa: F401
 
 
 def store_server_event(run: Run, kind: str, *, actor: str = "", **fields) -> Event:
@@ -47,39 +28,6 @@ def store_server_event(run: Run, kind: str, *, actor: str = "", **fields) -> Eve
 
 def _server_event_stored():
     metrics.events_stored(1, origin="server")
-
-
-def mark_finished(run: Run, status: str, *, error: str = "", output: str | None = None):
-    """Every terminal transition goes through here, and so reaches the rollups (run the caller
-    inside ``rollups.batch()`` when it locks other runs afterwards)."""
-    from delegation.services import rollups
-
-    old = run.status
-    run.status = status
-    run.done = True
-    run.cancelled = status == RunStatus.CANCELLED
-    if error:
-        run.error = error
-    if output is not None:
-        run.output = output
-    run.finished_at = run.updated_at = timezone.now()
-    run.save(
-        update_fields=[
-            "status",
-            "done",
-            "cancelled",
-            "error",
-            "output",
-            "finished_at",
-            "updated_at",
-        ]
-    )
-    rollups.status_changed(run, old, status)
-    notify.run_changed(run)
-    # Imported here: the alert services build on the operator services, which build on this.
-    from delegation.services import alerts
-
-    alerts.run_finished(run)
 
 
 def first_line(text, limit: int) -> str:

@@ -24,9 +24,13 @@ from django.utils import timezone
 
 from delegation.errors import BUDGET_EXHAUSTED, INVALID_PARAMS, RpcError
 from delegation.models import AuditEntry, Budget, Event, Run, RunRollup, RunStatus
+from delegation.selectors import live_descendants
 from delegation.services import alerts, rollups
+from delegation.services.audit import audit, require_operator
 from delegation.services.base import lock_run, store_server_event
-from delegation.services.operator import Actor, audit, request_cancel, require_operator
+from delegation.services.identity import Actor
+from delegation.services.locks import retry_conflicts
+from delegation.services.operator import request_cancel
 from delegation.wire import BudgetLimits
 
 log = logging.getLogger(__name__)
@@ -137,6 +141,7 @@ def _run_id(pk: int) -> str:
     return Run.objects.filter(pk=pk).values_list("run_id", flat=True).first() or str(pk)
 
 
+@retry_conflicts
 def do_set_budget(actor: Actor, run: Run, limits: BudgetLimits, *, replace: bool, reason=""):
     """An operator sets (``replace``: exactly these limits) or changes (merge) a run's budget.
 
@@ -354,6 +359,7 @@ def enforce(budget_run_pks, now=None) -> list[str]:
     return stopped
 
 
+@retry_conflicts
 def _enforce_one(pk: int, now=None) -> bool:
     with transaction.atomic():
         run = Run.objects.select_for_update(of=("self",)).filter(pk=pk).first()
@@ -367,41 +373,49 @@ def _enforce_one(pk: int, now=None) -> bool:
             return False  # nothing left to stop: a finished tree does not cross anything
         now = now or timezone.now()
         states = _usage_state(budget, rollup, run, now)
-        crossed = [s for s in states if s[3] >= 1]
-        if crossed:
-            name, used, cap, _ = crossed[0]
-            cap_text = _show_used(name, cap) if name != "maxSeconds" else f"{cap}s"
-            reason = f"budget exceeded: {name} {cap_text} (used {_show_used(name, used)})"
-            record_budget_event(
-                run,
-                "budget-exceeded",
-                f"{reason}; stopping run {run.run_id} and its subtree",
-                {
-                    "limit": name,
-                    "cap": cap,
-                    "used": used,
-                    "budgetRunId": run.run_id,
-                    "tokens": (rollup.sub_tokens_in + rollup.sub_tokens_out) if rollup else 0,
-                    "costNanos": rollup.sub_cost_nanos if rollup else 0,
-                },
-            )
-            _stop_subtree(run, reason)
-            Budget.objects.filter(pk=budget.pk).update(
-                exceeded_at=now, exceeded_reason=reason, updated_at=now
-            )
-            return True
+        # The warning first, also when one usage event jumps past 80% and 100% at once:
+        # an alert rule on warnings must fire before the stop it announces.
         warn = [s for s in states if s[3] >= WARN_FRACTION]
         if warn and budget.warned_at is None:
-            name, used, cap, fraction = warn[0]
-            cap_text = _show_used(name, cap) if name != "maxSeconds" else f"{cap}s"
-            record_budget_event(
-                run,
-                "budget-warning",
-                f"budget warning: {fraction:.0%} of {name} {cap_text} used",
-                {"limit": name, "cap": cap, "used": used, "budgetRunId": run.run_id},
-            )
-            Budget.objects.filter(pk=budget.pk).update(warned_at=now, updated_at=now)
+            _warn(run, budget, *warn[0], now=now)
+        crossed = [s for s in states if s[3] >= 1]
+        if crossed:
+            _exceed(run, budget, rollup, *crossed[0][:3], now=now)
+            return True
         return False
+
+
+def _warn(run: Run, budget: Budget, name: str, used, cap, fraction, *, now) -> None:
+    cap_text = _show_used(name, cap) if name != "maxSeconds" else f"{cap}s"
+    record_budget_event(
+        run,
+        "budget-warning",
+        f"budget warning: {fraction:.0%} of {name} {cap_text} used",
+        {"limit": name, "cap": cap, "used": used, "budgetRunId": run.run_id},
+    )
+    Budget.objects.filter(pk=budget.pk).update(warned_at=now, updated_at=now)
+
+
+def _exceed(run: Run, budget: Budget, rollup, name: str, used, cap, *, now) -> None:
+    cap_text = _show_used(name, cap) if name != "maxSeconds" else f"{cap}s"
+    reason = f"budget exceeded: {name} {cap_text} (used {_show_used(name, used)})"
+    record_budget_event(
+        run,
+        "budget-exceeded",
+        f"{reason}; stopping run {run.run_id} and its subtree",
+        {
+            "limit": name,
+            "cap": cap,
+            "used": used,
+            "budgetRunId": run.run_id,
+            "tokens": (rollup.sub_tokens_in + rollup.sub_tokens_out) if rollup else 0,
+            "costNanos": rollup.sub_cost_nanos if rollup else 0,
+        },
+    )
+    _stop_subtree(run, reason)
+    Budget.objects.filter(pk=budget.pk).update(
+        exceeded_at=now, exceeded_reason=reason, updated_at=now
+    )
 
 
 def _stop_subtree(run: Run, reason: str) -> None:
@@ -410,8 +424,6 @@ def _stop_subtree(run: Run, reason: str) -> None:
     Listed again after each pass: a child admitted while this transaction waited for its
     parent's lock is stopped too.
     """
-    from delegation.selectors import live_descendants
-
     report = {"runId": run.run_id, "outcome": request_cancel(BUDGET_ACTOR, run, reason)}
     descendants = []
     seen = set()

@@ -9,7 +9,6 @@ about JSON-RPC framing or MCP.
 from __future__ import annotations
 
 import hashlib
-import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -18,7 +17,6 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from delegation import depth as depthlib
-from delegation import notify
 from delegation.errors import (
     ADMISSION_REFUSED,
     BUDGET_EXHAUSTED,
@@ -44,40 +42,17 @@ from delegation.models import (
     Session,
 )
 from delegation.selectors import RESULT_RELATED, events_after, snapshot
-from delegation.services import budgets, rollups
-from delegation.services.base import lock_run, store_server_event, task_of
-from delegation.services.operator import (
-    Actor,
-    do_cancel_run,
-    do_release_lease,
-    do_steer_run,
-)
-from delegation.services.outbox import enqueue
-from delegation.services.runners import Connection, current_runner
-from delegation.wire import REASONING_EFFORTS, Params, Request, canonical, confine_cwd, parse_model
+from delegation.services import budgets, lifecycle, rollups
+from delegation.services.base import lock_run, store_server_event
+from delegation.services.identity import Actor, Caller, Connection, as_caller
+from delegation.services.locks import retry_conflicts
+from delegation.services.operator import do_cancel_run, do_release_lease, do_steer_run
+from delegation.services.runners import current_runner
+from delegation.wire import REASONING_EFFORTS, Params, Request, canonical, parse_model
 
-
-@dataclass(frozen=True)
-class Caller:
-    """Who calls a child method: a runner's connection, and how the call arrived.
-
-    The runner socket builds one from its connection. The MCP server builds one from a run
-    token: the run's runner on its current connection, ``via`` mcp, and the level the agent
-    declared (header or ``_meta``), which may raise the run's recorded level, never lower it.
-    """
-
-    conn: Connection
-    via: str = RunVia.RUNNER.value
-    declared_depth: int | None = None
-
-    def level_of(self, run: Run) -> int:
-        if self.declared_depth is None:
-            return run.depth
-        return max(run.depth, self.declared_depth)
-
-
-def _as_caller(caller: Caller | Connection) -> Caller:
-    return caller if isinstance(caller, Caller) else Caller(conn=caller)
+# Re-exported: the doors have always found these here.
+__all__ = ["IDENTITY_KEYS", "Caller"]
+IDENTITY_KEYS = lifecycle.IDENTITY_KEYS
 
 
 @dataclass
@@ -170,22 +145,24 @@ def _owned_child(caller: Caller, params: Params) -> tuple[Authority, Run]:
     ]
     if not owned:
         raise not_owned
+    # Only the caller's own runs of the child: another parent on the same conversation may
+    # have resumed it, and that run is the other parent's alone (issue 21).
     if params.child_run_id is not None:
-        chosen = next((r for r in runs if r.run_id == params.child_run_id), None)
+        chosen = next((r for r in owned if r.run_id == params.child_run_id), None)
         if chosen is None:
             raise RpcError(
                 NOT_OWNED, f"childRunId: {params.child_run_id!r} is not a run of that child"
             )
         return auth, chosen
     if len(runs) > 1 and caller.via == RunVia.MCP.value:
-        # An agent names a child by childId only (SPEC §9): it means the child's latest run.
-        return auth, runs[-1]
+        # An agent names a child by childId only (SPEC §9): its latest run of that child.
+        return auth, owned[-1]
     if len(runs) > 1:
         raise RpcError(
             INVALID_PARAMS,
             f"childRunId: required because child {params.child_id!r} has {len(runs)} runs",
         )
-    return auth, runs[0]
+    return auth, owned[0]
 
 
 # --- child.start --------------------------------------------------------------------------
@@ -252,13 +229,14 @@ class _Refusal:
 
 def start_child(caller: Caller | Connection, params: Params) -> dict:
     """Admit a child under the caller's run or lease and queue its child.execute."""
-    outcome = _child_start(_as_caller(caller), params)
+    outcome = _child_start(as_caller(caller), params)
     if isinstance(outcome, _Refusal):
         # Committed: the refusal's event is on the parent's stream for the dashboard.
         raise outcome.error
     return outcome
 
 
+@retry_conflicts
 def _child_start(caller: Caller, params: Params):
     try:
         with transaction.atomic(), rollups.batch():
@@ -270,17 +248,54 @@ def _child_start(caller: Caller, params: Params):
             return _child_start_locked(caller, params)
 
 
+@dataclass
+class _Start:
+    """What the checks of one child.start established, for the write step."""
+
+    caller: Caller
+    params: Params
+    runner: Runner
+    parent: Run
+    lease: Lease | None
+    request: Request
+    preset: ExtensionPreset
+    fingerprint: str
+    level: int
+    session: Session | None = None
+    options: dict | None = None
+    cwd: str = ""
+
+
 def _child_start_locked(caller: Caller, params: Params):
+    """SPEC §6's order: authority, request, preset, idempotency, depth, caps, then the write."""
+    start = check_start_request(caller, params)
+    previous = check_replay(start)
+    if previous is not None:
+        return snapshot(previous)
+    refusal = check_depth(start)
+    if refusal is not None:
+        return refusal
+    check_admission(start)
+    if start.request.resume:
+        start.session = check_resume(start)
+    start.options = check_options(start)
+    refusal = check_budget(start)
+    if refusal is not None:
+        return refusal
+    start.cwd = lifecycle.confined_cwd(start.runner, start.request.cwd, field="request.cwd")
+    return do_start_child(start)
+
+
+def check_start_request(caller: Caller, params: Params) -> _Start:
+    """Authority (locking the runner, then the parent run), the request and its preset."""
     auth = _child_authority(caller.conn, params, starting=True)
-    runner, parent, lease = auth.runner, auth.parent, auth.lease
-    if parent is None:
+    if auth.parent is None:
         raise RpcError(NO_SUCH_RUN, "runId: the lease has no parent run")
     # Serialise child.start under one parent: idempotency, caps and sequences need it.
-    parent = lock_run(parent.pk)
+    parent = lock_run(auth.parent.pk)
     request = parse_model(Request, params.request, "request")
-    raw_request = request.wire()
     preset = ExtensionPreset.objects.filter(
-        runner=runner, extension_id=params.extension_id, name=request.profile
+        runner=auth.runner, extension_id=params.extension_id, name=request.profile
     ).first()
     if preset is None or preset.generation != params.generation:
         raise RpcError(
@@ -293,36 +308,46 @@ def _child_start_locked(caller: Caller, params: Params):
             INVALID_PARAMS,
             f"request.leaseId: {request.lease_id!r} must equal leaseId {params.lease_id!r}",
         )
-    fingerprint = _fingerprint(raw_request, params)
+    return _Start(
+        caller=caller,
+        params=params,
+        runner=auth.runner,
+        parent=parent,
+        lease=auth.lease,
+        request=request,
+        preset=preset,
+        fingerprint=_fingerprint(request.wire(), params),
+        level=caller.level_of(parent),
+    )
+
+
+def check_replay(start: _Start) -> Run | None:
+    """The child an identical earlier call started; −32013 when the same id had other input."""
     previous = (
         Run.objects.select_related(*RESULT_RELATED)
-        .filter(parent=parent, request_id=request.request_id)
+        .filter(parent=start.parent, request_id=start.request.request_id)
         .first()
     )
-    if previous is not None:
-        if previous.request_fingerprint != fingerprint:
-            raise RpcError(
-                REQUEST_ID_REUSED,
-                f"request.requestId: {request.request_id!r} was already used under this parent "
-                "with different input",
-            )
-        return snapshot(previous)
-    max_depth = settings.DELEGATION_MAX_DEPTH
-    level = caller.level_of(parent)
-    if not depthlib.may_spawn(level, max_depth):
-        message = depthlib.refusal_message(level, max_depth)
-        store_server_event(
-            parent,
-            "delegation-refused",
-            actor=f"{caller.via}:{runner.name}",
-            text=message,
-            error=message,
-            tool_call_id=params.tool_call_id,
-            data={"requestId": request.request_id, "profile": request.profile},
+    if previous is not None and previous.request_fingerprint != start.fingerprint:
+        raise RpcError(
+            REQUEST_ID_REUSED,
+            f"request.requestId: {start.request.request_id!r} was already used under this "
+            "parent with different input",
         )
-        parent.refused_spawns += 1
-        parent.save(update_fields=["refused_spawns"])
-        return _Refusal(RpcError(DEPTH_LIMIT, message))
+    return previous
+
+
+def check_depth(start: _Start) -> _Refusal | None:
+    max_depth = settings.DELEGATION_MAX_DEPTH
+    if depthlib.may_spawn(start.level, max_depth):
+        return None
+    message = depthlib.refusal_message(start.level, max_depth)
+    return do_refuse_spawn(start, RpcError(DEPTH_LIMIT, message), data={})
+
+
+def check_admission(start: _Start) -> None:
+    """The caps of SPEC §6: children per parent run or lease, and live children per parent."""
+    parent, lease = start.parent, start.lease
     scope = (
         Run.objects.filter(lease=lease) if lease is not None else Run.objects.filter(parent=parent)
     )
@@ -339,129 +364,18 @@ def _child_start_locked(caller: Caller, params: Params):
             f"admission refused: {running} children of this parent are still running (max "
             f"{settings.DELEGATION_MAX_CONCURRENT}); wait for one to finish",
         )
-    session = _resumed_session(runner, parent, params, request) if request.resume else None
-    request_options = request.options.wire() if request.options is not None else {}
-    budget = request_options.pop("budget", None)
-    options = narrow_options(
-        parent.options,
-        ("preset.options", preset.options or {}),
-        ("request.options", request_options),
-    )
-    exhausted = budgets.admit_child(parent)
-    if exhausted is not None:
-        store_server_event(
-            parent,
-            "delegation-refused",
-            actor=f"runner:{runner.name}",
-            text=exhausted.message,
-            error=exhausted.message,
-            tool_call_id=params.tool_call_id,
-            data={
-                "requestId": request.request_id,
-                "profile": request.profile,
-                "code": BUDGET_EXHAUSTED,
-                "budgetRunId": exhausted.budget_run_id,
-                "limit": exhausted.limit,
-            },
-        )
-        parent.refused_spawns += 1
-        parent.save(update_fields=["refused_spawns"])
-        return _Refusal(exhausted.error())
-    cwd = request.cwd or ""
-    if cwd and runner.workspace:
-        try:
-            cwd = confine_cwd(cwd, runner.workspace)
-        except ValueError as exc:
-            raise RpcError(INVALID_PARAMS, f"request.cwd: {exc}") from None
-    now = timezone.now()
-    if lease is None and params.lease_id is not None:
-        lease = Lease.objects.create(
-            runner=runner,
-            lease_id=params.lease_id,
-            extension_id=params.extension_id,
-            generation=params.generation,
-            parent_run=parent,
-            expires_at=now + timedelta(seconds=settings.LEASE_TTL_SECONDS),
-        )
-    child_depth = depthlib.child_level(level)
-    if session is None:
-        session = Session.objects.create(
-            conversation_id=f"c-{uuid.uuid4().hex}",
-            runner=runner,
-            depth=child_depth,
-            parent=parent.session,
-            extension_id=params.extension_id,
-            profile=request.profile,
-            host_instance_id=runner.host_instance_id,
-        )
-    child = Run.objects.create(
-        run_id=f"r-{uuid.uuid4().hex}",
-        session=session,
-        runner=runner,
-        parent=parent,
-        root_id=parent.root_id or parent.pk,
-        ancestry=rollups.chain_of(parent),
-        # A resumed session keeps the level it was recorded at; never lower than parent + 1.
-        depth=max(session.depth, child_depth),
-        extension_id=params.extension_id,
-        generation=params.generation,
-        profile=request.profile,
-        host_instance_id=runner.host_instance_id,
-        tool_call_id=params.tool_call_id or "",
-        lease=lease,
-        request_id=request.request_id,
-        request=raw_request,
-        task=task_of(raw_request),
-        request_fingerprint=fingerprint,
-        preset=preset.frozen(),
-        options=options,
-        context_mode=request.mode,
-        cwd=cwd,
-        via=caller.via,
-        created_at=now,
-        updated_at=now,
-    )
-    rollups.run_created(child)
-    if budget is not None:
-        budgets.set_runner_budget(
-            child, request.options.budget, "request.options.budget", f"runner:{runner.name}"
-        )
-    child = Run.objects.select_related(*RESULT_RELATED).get(pk=child.pk)
-    result = snapshot(child)
-    execute = {
-        "identity": {key: result[key] for key in IDENTITY_KEYS},
-        "request": raw_request,
-        "preset": preset.frozen(),
-        "depth": child.depth,
-    }
-    if lease is not None:
-        execute["leaseId"] = lease.lease_id
-    enqueue(runner.pk, Command.Method.CHILD_EXECUTE, execute, run=child)
-    notify.run_changed(child, new_run=True)
-    return result
 
 
-IDENTITY_KEYS = (
-    "runnerId",
-    "hostInstanceId",
-    "conversationId",
-    "runId",
-    "parentConversationId",
-    "parentRunId",
-    "extensionId",
-    "profile",
-)
-
-
-def _resumed_session(runner: Runner, parent: Run, params: Params, request: Request) -> Session:
+def check_resume(start: _Start) -> Session:
     """Only an earlier child of the same parent chain may be resumed, never any conversation."""
+    request, runner = start.request, start.runner
     # The same host instance too: a child's conversation lives with the process that ran it.
     session = Session.objects.filter(
         conversation_id=request.resume,
         runner=runner,
         host_instance_id=runner.host_instance_id,
-        parent=parent.session,
-        extension_id=params.extension_id,
+        parent=start.parent.session,
+        extension_id=start.params.extension_id,
         profile=request.profile,
     ).first()
     if session is None:
@@ -478,37 +392,134 @@ def _resumed_session(runner: Runner, parent: Run, params: Params, request: Reque
     return session
 
 
+def check_options(start: _Start) -> dict:
+    """The child's options: the parent's, narrowed by the preset's and then the request's."""
+    request_options = start.request.options.wire() if start.request.options is not None else {}
+    request_options.pop("budget", None)  # a budget is a limit on the subtree, not an option
+    return narrow_options(
+        start.parent.options,
+        ("preset.options", start.preset.options or {}),
+        ("request.options", request_options),
+    )
+
+
+def check_budget(start: _Start) -> _Refusal | None:
+    exhausted = budgets.admit_child(start.parent)
+    if exhausted is None:
+        return None
+    data = {
+        "code": BUDGET_EXHAUSTED,
+        "budgetRunId": exhausted.budget_run_id,
+        "limit": exhausted.limit,
+    }
+    return do_refuse_spawn(start, exhausted.error(), data=data)
+
+
+def do_refuse_spawn(start: _Start, error: RpcError, *, data: dict) -> _Refusal:
+    """Record a refused spawn on the parent's stream (committed although the call fails)."""
+    parent = start.parent
+    store_server_event(
+        parent,
+        "delegation-refused",
+        actor=start.caller.label(start.runner),
+        text=error.message,
+        error=error.message,
+        tool_call_id=start.params.tool_call_id,
+        data={"requestId": start.request.request_id, "profile": start.request.profile, **data},
+    )
+    parent.refused_spawns += 1
+    parent.save(update_fields=["refused_spawns"])
+    return _Refusal(error)
+
+
+def do_start_child(start: _Start) -> dict:
+    """The write step: the lease (on its first use), the session, the run, its budget, and
+    its child.execute in the outbox, in one transaction."""
+    runner, parent, params, request = start.runner, start.parent, start.params, start.request
+    lease = start.lease
+    if lease is None and params.lease_id is not None:
+        lease = Lease.objects.create(
+            runner=runner,
+            lease_id=params.lease_id,
+            extension_id=params.extension_id,
+            generation=params.generation,
+            parent_run=parent,
+            expires_at=timezone.now() + timedelta(seconds=settings.LEASE_TTL_SECONDS),
+        )
+    child_depth = depthlib.child_level(start.level)
+    session = start.session or lifecycle.new_session(
+        runner=runner,
+        depth=child_depth,
+        parent=parent.session,
+        extension_id=params.extension_id,
+        profile=request.profile,
+    )
+    child = lifecycle.create_run(
+        runner=runner,
+        session=session,
+        parent=parent,
+        # A resumed session keeps the level it was recorded at; never lower than parent + 1.
+        depth=max(session.depth, child_depth),
+        extension_id=params.extension_id,
+        generation=params.generation,
+        profile=request.profile,
+        tool_call_id=params.tool_call_id or "",
+        lease=lease,
+        request_id=request.request_id,
+        request=request.wire(),
+        request_fingerprint=start.fingerprint,
+        preset=start.preset.frozen(),
+        options=start.options,
+        context_mode=request.mode,
+        cwd=start.cwd,
+        via=start.caller.via,
+    )
+    if request.options is not None and request.options.budget is not None:
+        budgets.set_runner_budget(
+            child, request.options.budget, "request.options.budget", start.caller.label(runner)
+        )
+    return lifecycle.dispatch(
+        child,
+        method=Command.Method.CHILD_EXECUTE,
+        lease_id=lease.lease_id if lease is not None else None,
+    )
+
+
 # --- child.read / cancel / steer / lease.release ------------------------------------------
 
 
+@retry_conflicts
 def read_child(caller: Caller | Connection, params: Params) -> dict:
     with transaction.atomic():
-        _auth, child = _owned_child(_as_caller(caller), params)
+        _auth, child = _owned_child(as_caller(caller), params)
         events = events_after(child, params.after or 0, settings.CHILD_READ_PAGE)
         return snapshot(child, events)
 
 
+@retry_conflicts
 def cancel_child(caller: Caller | Connection, params: Params) -> dict:
-    caller = _as_caller(caller)
+    caller = as_caller(caller)
     with transaction.atomic():
         auth, child = _owned_child(caller, params)
         reason = "child.cancel" if caller.via == RunVia.RUNNER.value else "cancel_child (mcp)"
-        do_cancel_run(Actor.for_runner(auth.runner, caller.via), child, reason=reason)
+        do_cancel_run(caller.actor(auth.runner), child, reason=reason)
         return snapshot(lock_run(child.pk))
 
 
+@retry_conflicts
 def steer_child(caller: Caller | Connection, params: Params) -> dict:
-    caller = _as_caller(caller)
+    caller = as_caller(caller)
     with transaction.atomic():
         auth, child = _owned_child(caller, params)
         return do_steer_run(
-            Actor.for_runner(auth.runner, caller.via),
+            caller.actor(auth.runner),
             child,
             request_id=params.request_id,
             message=params.message,
         )
 
 
+@retry_conflicts
 def release_child_lease(conn: Connection, params: Params) -> tuple[int, list[str]]:
     """Revoke the lease and cancel its children; the caller waits for them to finish."""
     with transaction.atomic():

@@ -12,25 +12,14 @@ import uuid
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.utils import timezone
 
-from delegation import notify
 from delegation.errors import INVALID_PARAMS, NOT_REGISTERED, PRESET_STALE, RpcError
-from delegation.models import (
-    Command,
-    ExtensionPreset,
-    Run,
-    Runner,
-    RunVia,
-    Session,
-)
-from delegation.selectors import RESULT_RELATED, snapshot
-from delegation.services import budgets, rollups
-from delegation.services.base import task_of
-from delegation.services.children import IDENTITY_KEYS
-from delegation.services.operator import Actor, audit, require_operator
-from delegation.services.outbox import enqueue
-from delegation.wire import BudgetLimits, Request, confine_cwd, parse_model
+from delegation.models import Command, ExtensionPreset, Runner, RunnerState, RunVia
+from delegation.services import budgets, lifecycle
+from delegation.services.audit import audit, require_operator
+from delegation.services.identity import Actor
+from delegation.services.locks import retry_conflicts
+from delegation.wire import BudgetLimits, Request, parse_model
 
 
 @dataclass(frozen=True)
@@ -47,8 +36,7 @@ def do_launch_run(actor: Actor, launch: Launch) -> dict:
     """Store a top-level run and send it to its runner; answers the run's ``Result``."""
     require_operator(actor, "launch", "runner", launch.runner)
     try:
-        with transaction.atomic():
-            return _launch(actor, launch)
+        return _launch(actor, launch)
     except RpcError as refusal:
         # Audited in its own transaction: the launch itself rolled back.
         with transaction.atomic():
@@ -63,16 +51,22 @@ def do_launch_run(actor: Actor, launch: Launch) -> dict:
         raise
 
 
+@retry_conflicts
 def _launch(actor: Actor, launch: Launch) -> dict:
+    with transaction.atomic():
+        return _launch_locked(actor, launch)
+
+
+def _launch_locked(actor: Actor, launch: Launch) -> dict:
     run_id = f"r-{uuid.uuid4().hex}"
     fields = {"requestId": run_id, "profile": launch.profile, "message": launch.message}
     if launch.cwd:
         fields["cwd"] = launch.cwd
     request = parse_model(Request, fields, "body")
-    runner = Runner.objects.select_for_update().filter(name=launch.runner).first()
-    if runner is None or runner.revoked_at is not None:
+    runner = Runner.objects.select_for_update(no_key=True).filter(name=launch.runner).first()
+    if runner is None or runner.state == RunnerState.REVOKED:
         raise RpcError(NOT_REGISTERED, f"runner: no runner named {launch.runner!r}")
-    if not runner.connected:
+    if runner.state != RunnerState.CONNECTED:
         raise RpcError(
             NOT_REGISTERED,
             f"runner: {runner.name!r} is not connected; a launched run needs a connected runner",
@@ -94,53 +88,27 @@ def _launch(actor: Actor, launch: Launch) -> dict:
             f"extensionId: required, preset {request.profile!r} is offered by {names}",
         )
     preset = presets[0]
-    cwd = request.cwd or ""
-    if cwd and runner.workspace:
-        try:
-            cwd = confine_cwd(cwd, runner.workspace)
-        except ValueError as exc:
-            raise RpcError(INVALID_PARAMS, f"cwd: {exc}") from None
-    now = timezone.now()
-    session = Session.objects.create(
-        conversation_id=f"c-{uuid.uuid4().hex}",
-        runner=runner,
-        depth=0,
-        extension_id=preset.extension_id,
-        profile=preset.name,
-        host_instance_id=runner.host_instance_id,
+    cwd = lifecycle.confined_cwd(runner, request.cwd, field="cwd")
+    session = lifecycle.new_session(
+        runner=runner, depth=0, extension_id=preset.extension_id, profile=preset.name
     )
-    raw_request = request.wire()
-    run = Run.objects.create(
-        run_id=run_id,
-        session=session,
+    run = lifecycle.create_run(
         runner=runner,
+        session=session,
+        run_id=run_id,
         depth=0,
         extension_id=preset.extension_id,
         generation=preset.generation,
         profile=preset.name,
-        host_instance_id=runner.host_instance_id,
-        request=raw_request,
-        task=task_of(raw_request),
+        request=request.wire(),
         preset=preset.frozen(),
         options=preset.options or {},
         cwd=cwd,
         via=RunVia.LAUNCH.value,
-        created_at=now,
-        updated_at=now,
     )
-    rollups.run_created(run)
     if launch.budget is not None:
         budgets.launch_budget(run, launch.budget, actor)
-    run = Run.objects.select_related(*RESULT_RELATED).get(pk=run.pk)
-    result = snapshot(run)
-    execute = {
-        "identity": {key: result[key] for key in IDENTITY_KEYS},
-        "request": raw_request,
-        "preset": preset.frozen(),
-        "depth": 0,
-    }
-    enqueue(runner.pk, Command.Method.RUN_EXECUTE, execute, run=run)
-    notify.run_changed(run, new_run=True)
+    result = lifecycle.dispatch(run, method=Command.Method.RUN_EXECUTE)
     audit(
         actor,
         "launch",

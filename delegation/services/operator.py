@@ -1,106 +1,45 @@
 """Operator actions, one code path for runners, the dashboard, the admin and REST: cancel,
-steer and release, each permission-checked and audited."""
+steer and release, each permission-checked and audited.
+
+``Actor``, ``audit`` and ``require_operator`` live in ``identity`` and ``audit`` (the layers
+below); they are importable from here too, where the doors have always found them.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import timedelta
+import asyncio
+import time
 
+from channels.db import database_sync_to_async
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from delegation import roles
 from delegation.errors import (
     ADMISSION_REFUSED,
     INVALID_PARAMS,
+    RELEASE_UNCONFIRMED,
     REQUEST_ID_REUSED,
-    PermissionRefused,
     RpcError,
 )
 from delegation.models import (
-    AuditEntry,
     Command,
     Lease,
     LeaseState,
     Run,
-    Runner,
     RunStatus,
     SteerReceipt,
 )
 from delegation.protocol import MAX_STEER_BYTES
+from delegation.selectors import live_descendants
+from delegation.services.audit import audit, require_operator
 from delegation.services.base import lock_run, store_server_event
+from delegation.services.identity import Actor
+from delegation.services.locks import retry_conflicts
 from delegation.services.outbox import enqueue
 from delegation.wire import utf8_len, valid_id
 
 MAX_STEER_RECEIPTS = 128
-
-
-@dataclass(frozen=True)
-class Actor:
-    """Who performs an action, for permission checks, event attribution and the audit log."""
-
-    label: str
-    via: str
-    user: object | None = None
-    runner_pk: int | None = None
-
-    @classmethod
-    def for_user(cls, user, via: str) -> Actor:
-        return cls(label=f"user:{user.get_username()}", via=via, user=user)
-
-    @classmethod
-    def for_runner(cls, runner: Runner, via: str = AuditEntry.Via.RUNNER) -> Actor:
-        """The runner itself, or (``via`` mcp) an agent it hosts, holding a run token."""
-        return cls(label=f"{via}:{runner.name}", via=via, runner_pk=runner.pk)
-
-    @classmethod
-    def system(cls, why: str = "system") -> Actor:
-        return cls(label=why, via=AuditEntry.Via.SYSTEM)
-
-
-def audit(actor: Actor, action: str, target_type: str, target_id: str, outcome: str, **kw):
-    return AuditEntry.objects.create(
-        actor=actor.label,
-        user=actor.user if actor.user is not None else None,
-        via=actor.via,
-        action=action,
-        target_type=target_type,
-        target_id=target_id,
-        outcome=outcome,
-        reason=kw.get("reason", ""),
-        detail=kw.get("detail", {}),
-    )
-
-
-ROLELESS_AUDIT_SECONDS = 60
-
-
-def _refusal_audited_lately(actor: Actor) -> bool:
-    """A signed-in user without any role may try actions in a loop: the first refusal of a
-    minute is audited, the rest would only fill the log. Viewers are audited every time."""
-    if roles.role_of(actor.user) is not None:
-        return False
-    since = timezone.now() - timedelta(seconds=ROLELESS_AUDIT_SECONDS)
-    return AuditEntry.objects.filter(
-        user=actor.user, outcome="refused: not an operator", created_at__gte=since
-    ).exists()
-
-
-def require_operator(actor: Actor, action: str, target_type: str, target_id: str, reason=""):
-    """People need the operator role; runners were authorised by their own rules already."""
-    if actor.user is None:
-        return
-    if roles.can_act(actor.user):
-        return
-    # The refusal is audited in its own transaction so it survives the caller's rollback.
-    with transaction.atomic():
-        if not _refusal_audited_lately(actor):
-            audit(actor, action, target_type, target_id, "refused: not an operator", reason=reason)
-    scope = " (a read-only API token)" if getattr(actor.user, roles.READ_ONLY_SCOPE, False) else ""
-    raise PermissionRefused(
-        f"{actor.label} has role {roles.role_of(actor.user) or 'none'}{scope}; "
-        f"{action} needs operator"
-    )
 
 
 def request_cancel(actor: Actor, run: Run, reason: str) -> str:
@@ -124,6 +63,7 @@ def request_cancel(actor: Actor, run: Run, reason: str) -> str:
     return "requested"
 
 
+@retry_conflicts
 def do_cancel_run(actor: Actor, run: Run, *, reason: str = "", cascade: bool = False) -> dict:
     """Cancel a run, and with ``cascade`` every live descendant, reporting each one."""
     action = "cancel-subtree" if cascade else "cancel"
@@ -132,8 +72,6 @@ def do_cancel_run(actor: Actor, run: Run, *, reason: str = "", cascade: bool = F
         outcome = request_cancel(actor, run, reason)
         descendants = []
         if cascade:
-            from delegation.selectors import live_descendants
-
             for descendant in live_descendants(run):
                 descendants.append(
                     {
@@ -147,6 +85,7 @@ def do_cancel_run(actor: Actor, run: Run, *, reason: str = "", cascade: bool = F
         return report
 
 
+@retry_conflicts
 def do_steer_run(actor: Actor, run: Run, *, request_id: str, message: str) -> dict:
     """Queue a message for a running run; idempotent per child session by requestId."""
     require_operator(actor, "steer", "run", run.run_id)
@@ -222,9 +161,16 @@ def _steer_answer(outcome: str, reason: str) -> dict:
     return answer
 
 
-def do_release_lease(actor: Actor, lease: Lease, *, state: str = LeaseState.RELEASED) -> dict:
-    """Revoke a lease and cancel every child under it (SPEC §6 child.lease.release)."""
-    require_operator(actor, "release", "lease", lease.lease_id)
+@retry_conflicts
+def do_release_lease(
+    actor: Actor, lease: Lease, *, state: str = LeaseState.RELEASED, reason: str = ""
+) -> dict:
+    """Revoke a lease and cancel every child under it (SPEC §6 child.lease.release).
+
+    The write step only, answering at once: the doors call ``release_lease`` (or, on the
+    runner socket, ``await_release``), which add SPEC §6's wait for the children; the
+    sweep and a lost runner end leases without waiting."""
+    require_operator(actor, "release", "lease", lease.lease_id, reason)
     with transaction.atomic():
         lease = (
             Lease.objects.select_for_update(of=("self",)).select_related("runner").get(pk=lease.pk)
@@ -245,9 +191,9 @@ def do_release_lease(actor: Actor, lease: Lease, *, state: str = LeaseState.RELE
                 )
             if actor.runner_pk != lease.runner_id:
                 enqueue(lease.runner_id, Command.Method.LEASE_REVOKED, {"leaseId": lease.lease_id})
-        reason = f"lease {lease.lease_id} {lease.state}"
+        why = f"lease {lease.lease_id} {lease.state}"
         for child in Run.objects.filter(lease=lease).live():
-            request_cancel(actor, child, reason)
+            request_cancel(actor, child, why)
         pending = lease_pending(lease.pk)
         audit(
             actor,
@@ -255,6 +201,7 @@ def do_release_lease(actor: Actor, lease: Lease, *, state: str = LeaseState.RELE
             "lease",
             lease.lease_id,
             ("released" if first_time else "already-" + lease.state),
+            reason=reason,
             detail={"runner": lease.runner.name, "pending": pending},
         )
         return {"done": not pending, "pending": pending, "state": lease.state}
@@ -262,3 +209,48 @@ def do_release_lease(actor: Actor, lease: Lease, *, state: str = LeaseState.RELE
 
 def lease_pending(lease_pk: int) -> list[str]:
     return list(Run.objects.filter(lease_id=lease_pk).live().values_list("run_id", flat=True))
+
+
+# SPEC §6: a release waits up to LEASE_RELEASE_WAIT_SECONDS (5 s) for the lease's children to
+# finish, then answers −32016 if they have not; the same rule for every door.
+RELEASE_POLL_SECONDS = 0.05
+
+
+def unconfirmed_release(pending: list[str]) -> RpcError:
+    return RpcError(
+        RELEASE_UNCONFIRMED,
+        "cleanup is not yet confirmed; retry release",
+        data={"pending": pending},
+    )
+
+
+def release_lease(actor: Actor, lease: Lease, *, reason: str = "") -> dict:
+    """An operator's release (REST, dashboard, admin): the write, then SPEC §6's wait.
+
+    Answers the report (``done``, ``pending``, ``state``) once the children have finished or
+    the wait is over: ``pending`` is what −32016 names on the runner socket, and a repeated
+    call polls. Inside a caller's transaction there is no wait: the cancels it holds locked
+    could not finish before it commits.
+    """
+    report = do_release_lease(actor, lease, reason=reason)
+    if report["pending"] and not transaction.get_connection().in_atomic_block:
+        deadline = time.monotonic() + settings.LEASE_RELEASE_WAIT_SECONDS
+        while report["pending"] and time.monotonic() < deadline:
+            time.sleep(RELEASE_POLL_SECONDS)
+            report["pending"] = lease_pending(lease.pk)
+        report["done"] = not report["pending"]
+    return report
+
+
+async def await_release(lease_pk: int) -> dict:
+    """The runner socket's wait: asynchronous, because the children it waits for finish
+    through frames on that very socket. ``{"done": true}``, or −32016 naming the pending."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.LEASE_RELEASE_WAIT_SECONDS
+    while True:
+        pending = await database_sync_to_async(lease_pending)(lease_pk)
+        if not pending:
+            return {"done": True}
+        if loop.time() >= deadline:
+            raise unconfirmed_release(pending)
+        await asyncio.sleep(RELEASE_POLL_SECONDS)

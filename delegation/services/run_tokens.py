@@ -24,13 +24,15 @@ from delegation.models import (
     new_token,
 )
 from delegation.selectors import RESULT_RELATED
-from delegation.services.base import Connection
+from delegation.services.identity import Connection
+from delegation.services.locks import retry_conflicts
 from delegation.services.runners import current_runner
 from delegation.wire import RunTokenParams
 
 MCP_PATH = "/mcp"
 
 
+@retry_conflicts
 def issue_run_token(conn: Connection, params: RunTokenParams) -> dict:
     """``run.mcpToken``: a token for one running run of the caller, on its current connection."""
     with transaction.atomic():

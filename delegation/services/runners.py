@@ -17,8 +17,12 @@ from delegation.models import (
     RunStatus,
 )
 from delegation.services import alerts, rollups
-from delegation.services.base import Connection, lock_run, mark_finished
-from delegation.services.operator import Actor, audit, do_release_lease
+from delegation.services.audit import audit
+from delegation.services.base import lock_run
+from delegation.services.identity import Actor, Connection
+from delegation.services.lifecycle import mark_finished
+from delegation.services.locks import retry_conflicts
+from delegation.services.operator import do_release_lease
 from delegation.wire import RegisterParams
 
 RUNNER_LOST_ERROR = "runner lost"
@@ -26,7 +30,7 @@ RUNNER_LOST_ERROR = "runner lost"
 
 def current_runner(conn: Connection, lock: bool = True) -> Runner:
     """The caller's runner, refusing frames from a fenced (older) connection."""
-    runners = Runner.objects.select_for_update() if lock else Runner.objects
+    runners = Runner.objects.select_for_update(no_key=True) if lock else Runner.objects
     runner = runners.get(pk=conn.runner_pk)
     check_fence(conn, runner.revoked_at is not None, runner.connection_generation)
     return runner
@@ -45,10 +49,11 @@ def check_fence(conn: Connection, revoked: bool, generation: int) -> None:
         )
 
 
+@retry_conflicts
 def register(conn: Connection, params: RegisterParams) -> tuple[dict, int, str]:
     """Bump the generation (fencing every older connection) and replace the presets."""
     with transaction.atomic(), rollups.batch():
-        runner = Runner.objects.select_for_update().get(pk=conn.runner_pk)
+        runner = Runner.objects.select_for_update(no_key=True).get(pk=conn.runner_pk)
         if runner.revoked_at is not None:
             raise RpcError(STALE_CONNECTION, "runner token was revoked")
         if conn.credential and conn.credential != runner.token_hash:
@@ -108,6 +113,7 @@ def _abandon_host_instance(runner: Runner, previous: str, current: str) -> None:
     )
 
 
+@retry_conflicts
 def runner_disconnected(conn: Connection) -> None:
     """Start the grace period, unless a newer connection already took over."""
     with transaction.atomic():
@@ -129,7 +135,7 @@ def fence_runner(runner_pk: int, why: str = "credential revoked") -> None:
     runner is told on the channel layer to close with 4401; a socket whose process misses
     the message is refused on its next frame and stops being fed commands anyway.
     """
-    runner = Runner.objects.select_for_update().get(pk=runner_pk)
+    runner = Runner.objects.select_for_update(no_key=True).get(pk=runner_pk)
     runner.connection_generation += 1
     if runner.connected:
         runner.connected = False

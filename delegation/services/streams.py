@@ -14,20 +14,16 @@ from delegation.errors import (
     PARENT_NOT_RUNNING,
     RpcError,
 )
-from delegation.models import (
-    AuditEntry,
-    Event,
-    ExtensionPreset,
-    Run,
-    RunStatus,
-    Session,
-)
+from delegation.models import AuditEntry, Event, ExtensionPreset, Run, RunStatus, Session
 from delegation.protocol import SERVER_EVENT_KINDS
 from delegation.selectors import EVENT_FIELDS, RESULT_RELATED, live_event_row, snapshot
-from delegation.services import budgets, event_store, rollups
-from delegation.services.base import activity_of, lock_run, mark_finished
-from delegation.services.operator import Actor, request_cancel
-from delegation.services.runners import Connection, check_fence, current_runner
+from delegation.services import budgets, event_store, lifecycle, rollups
+from delegation.services.base import activity_of, lock_run
+from delegation.services.identity import Actor, Connection
+from delegation.services.lifecycle import mark_finished
+from delegation.services.locks import retry_conflicts
+from delegation.services.operator import request_cancel
+from delegation.services.runners import check_fence, current_runner
 from delegation.wire import (
     MAX_EVENT_FIELD_BYTES,
     RunEventParams,
@@ -42,6 +38,7 @@ from delegation.wire import (
 )
 
 
+@retry_conflicts
 def open_run(conn: Connection, params: RunOpenParams) -> dict:
     with transaction.atomic():
         runner = current_runner(conn)
@@ -76,13 +73,12 @@ def open_run(conn: Connection, params: RunOpenParams) -> dict:
             level = depthlib.from_meta(params.meta or {})
             if level is None:
                 level = runner.declared_depth if runner.declared_depth is not None else 0
-            session = Session.objects.create(
-                conversation_id=params.conversation_id,
+            session = lifecycle.new_session(
                 runner=runner,
+                conversation_id=params.conversation_id,
                 depth=level,
                 extension_id=params.extension_id or "",
                 profile=params.profile or "",
-                host_instance_id=runner.host_instance_id,
             )
         options = {}
         if params.profile and params.extension_id:
@@ -90,20 +86,19 @@ def open_run(conn: Connection, params: RunOpenParams) -> dict:
                 runner=runner, extension_id=params.extension_id, name=params.profile
             ).first()
             options = preset.options if preset else {}
-        run = Run.objects.create(
-            run_id=params.run_id,
-            session=session,
+        run = lifecycle.create_run(
             runner=runner,
+            session=session,
+            run_id=params.run_id,
             depth=session.depth,
             extension_id=params.extension_id or "",
             profile=params.profile or "",
-            host_instance_id=runner.host_instance_id,
             options=options,
         )
-        rollups.run_created(run)
         if params.budget is not None:
             budgets.set_runner_budget(run, params.budget, "budget", f"runner:{runner.name}")
-        notify.run_changed(run, new_run=True)
+        # The runner executes its own run: nothing to dispatch, only the dashboards to tell.
+        lifecycle.announce(run)
         return snapshot(run)
 
 
@@ -180,6 +175,7 @@ def _usage_totals(usages) -> dict[str, int]:
     return totals
 
 
+@retry_conflicts
 def _append(conn: Connection, params: RunEventParams, rows, usages) -> tuple[dict, list[int]]:
     due: list[int] = []
     with transaction.atomic():
@@ -267,6 +263,7 @@ def _append(conn: Connection, params: RunEventParams, rows, usages) -> tuple[dic
     return answer, due
 
 
+@retry_conflicts
 def finish_run(conn: Connection, params: RunFinishParams) -> dict:
     with transaction.atomic(), rollups.batch():
         runner = current_runner(conn, lock=False)
@@ -286,6 +283,7 @@ def finish_run(conn: Connection, params: RunFinishParams) -> dict:
         return snapshot(run)
 
 
+@retry_conflicts
 def end_tool(conn: Connection, params: ToolEndParams) -> dict:
     with transaction.atomic():
         runner = current_runner(conn, lock=False)

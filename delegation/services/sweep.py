@@ -13,7 +13,9 @@ from django.utils import timezone
 from delegation import notify
 from delegation.models import Lease, LeaseState, Runner
 from delegation.services import budgets, rollups
-from delegation.services.operator import Actor, do_release_lease
+from delegation.services.identity import Actor
+from delegation.services.locks import retry_conflicts
+from delegation.services.operator import do_release_lease
 from delegation.services.runners import lose_runner
 
 log = logging.getLogger(__name__)
@@ -33,29 +35,43 @@ def sweep(now=None) -> SweepReport:
     """
     now = now or timezone.now()
     report = SweepReport()
-    system = Actor.system("system:lease-expiry")
     for pk in Lease.objects.filter(state=LeaseState.ACTIVE, expires_at__lte=now).values_list(
         "pk", flat=True
     ):
-        with transaction.atomic():
-            lease = Lease.objects.select_for_update().filter(pk=pk).first()
-            if lease is None or lease.state != LeaseState.ACTIVE or lease.expires_at > now:
-                continue
-            do_release_lease(system, lease, state=LeaseState.EXPIRED)
-            report.expired_leases.append(lease.lease_id)
+        expired = _expire_lease(pk, now)
+        if expired:
+            report.expired_leases.append(expired)
     _disconnect_silent_runners()
     grace = timedelta(seconds=settings.RUNNER_GRACE_SECONDS)
     for pk in Runner.objects.filter(
         connected=False, lost_at__isnull=True, disconnected_at__lte=now - grace
     ).values_list("pk", flat=True):
-        with transaction.atomic(), rollups.batch():
-            runner = Runner.objects.select_for_update().filter(pk=pk).first()
-            if runner is None or runner.connected or runner.lost_at is not None:
-                continue
-            lose_runner(runner, now)
-            report.lost_runners.append(runner.name)
+        lost = _lose_runner(pk, now)
+        if lost:
+            report.lost_runners.append(lost)
     report.budget_stops = budgets.sweep_budgets(now)
     return report
+
+
+@retry_conflicts
+def _expire_lease(pk: int, now) -> str:
+    """The lease's id once it is expired here; "" when another process or a release won."""
+    with transaction.atomic():
+        lease = Lease.objects.select_for_update().filter(pk=pk).first()
+        if lease is None or lease.state != LeaseState.ACTIVE or lease.expires_at > now:
+            return ""
+        do_release_lease(Actor.system("system:lease-expiry"), lease, state=LeaseState.EXPIRED)
+        return lease.lease_id
+
+
+@retry_conflicts
+def _lose_runner(pk: int, now) -> str:
+    with transaction.atomic(), rollups.batch():
+        runner = Runner.objects.select_for_update(no_key=True).filter(pk=pk).first()
+        if runner is None or runner.connected or runner.lost_at is not None:
+            return ""
+        lose_runner(runner, now)
+        return runner.name
 
 
 def _disconnect_silent_runners() -> None:

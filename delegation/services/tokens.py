@@ -11,6 +11,7 @@ from django.utils import timezone
 from delegation import roles
 from delegation.models import ApiToken, Runner, hash_token, new_token
 from delegation.services import runners
+from delegation.services.locks import retry_conflicts
 from delegation.wire import valid_id
 
 
@@ -30,6 +31,7 @@ def create_runner(name: str) -> tuple[Runner, str]:
     return runner, token
 
 
+@retry_conflicts
 def rotate_runner(runner: Runner, token: str) -> None:
     """Replace a runner's token; connections made with the old one lose authority at once."""
     with transaction.atomic():
@@ -40,6 +42,7 @@ def rotate_runner(runner: Runner, token: str) -> None:
         runners.fence_runner(runner.pk, "runner token rotated")
 
 
+@retry_conflicts
 def revoke_runner(name: str) -> bool:
     with transaction.atomic():
         revoked = Runner.objects.filter(name=name, revoked_at__isnull=True).update(

@@ -18,7 +18,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from delegation import consumers, models
-from delegation.services import outbox, sweep, tokens
+from delegation.services import answers, sweep, tokens
 from delegation.services.operator import Actor, do_steer_run
 from tests.support.rpc import adb, communicator
 
@@ -114,7 +114,7 @@ async def test_it_answers_an_unexpected_error_in_a_frame_and_leaves_no_task_behi
     def explode(*args, **kwargs):
         raise RuntimeError("a bug in an answer handler")
 
-    monkeypatch.setattr(outbox, "command_answered", explode)
+    monkeypatch.setattr(answers, "command_answered", explode)
     # An answer to a server request goes through the (now broken) answer handler.
     await runner.send_raw('{"jsonrpc": "2.0", "id": "srv-1", "result": {}}')
     crash = await runner.next_response()

@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 from ninja import Schema
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from dashboard.api.schemas.common import NO_NUL
 from delegation.models import LeaseState
 from delegation.wire import Strict
 
 
+def _no_nul(value: str) -> str:
+    if not re.search(NO_NUL, value):
+        raise ValueError("must not contain NUL")
+    return value
+
+
 class ReleaseBody(Strict):
-    """No fields: the body may be omitted or `{}`."""
+    """Release a lease; the body may be omitted or `{}`."""
+
+    reason: str = Field(
+        default="", max_length=2000, description="Why; recorded in the audit log.",
+        json_schema_extra={"pattern": NO_NUL},
+    )  # fmt: skip
+    _reason = field_validator("reason")(_no_nul)
 
 
 class ReleaseOutcome(Schema):

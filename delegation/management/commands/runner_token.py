@@ -47,13 +47,8 @@ class Command(BaseCommand):
             self.stdout.write(token)
         elif action == "list":
             for runner in Runner.objects.all():
-                state = (
-                    "revoked"
-                    if runner.revoked_at
-                    else ("connected" if runner.connected else "disconnected")
-                )
                 self.stdout.write(
-                    f"{runner.name}\t{runner.token_prefix}…\t{state}\t"
+                    f"{runner.name}\t{runner.token_prefix}…\t{runner.state}\t"
                     f"generation {runner.connection_generation}"
                 )
         elif action == "revoke":
