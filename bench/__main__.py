@@ -4,7 +4,7 @@ python -m bench                # everything
 python -m bench ingest read    # a subset (``rollups``: only the rollups on/off comparison)
 
 Each measure is its own module (``bench.ingest``, ``bench.read``, ``bench.push``,
-``bench.memory``, ``bench.tree``, ``bench.mcp``); ``bench.table`` holds the figures.
+``bench.memory``, ``bench.tree``, ``bench.budget_stop``, ``bench.mcp``); ``bench.table`` holds the figures.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 import sys
 import time
 
-from bench import ingest, memory, push, read, tree
+from bench import budget_stop, ingest, memory, push, read, tree
 from bench.servers import ROOT
 from bench.table import machine, notes, report, results
 
@@ -30,10 +30,11 @@ STEPS = {
         {k: round(v, 2) for k, v in __import__("bench.mcp").mcp.measure().items()}
     ),
     "tree100k": tree.tree100k,
+    "stop": budget_stop.stop,
 }
 
 
-DEFAULT_STEPS = ["ingest", "read", "push", "memory", "tree", "tree100k"]
+DEFAULT_STEPS = ["ingest", "read", "push", "memory", "tree", "tree100k", "stop"]
 
 
 def main(argv: list[str]):

@@ -44,6 +44,13 @@ TARGETS = [
     ("tree_live_applied_ratio_100k", ">=", 0.99),
     ("read_ratio", "<=", 1.5),
     ("memory_mb_1000_sockets", "<=", 300),
+    # Issue 20: a budget stop reaches its runner within a second, Redis up or down.
+    ("budget_stop_delivery_ms_redis_up", "<=", 1000),
+    ("budget_stop_delivery_ms_redis_down", "<=", 1000),
+    ("budget_overshoot_pct_redis_up", None, None),
+    ("budget_overshoot_pct_redis_down", None, None),
+    ("operator_cancel_delivery_ms_redis_up", "<=", 1000),
+    ("operator_cancel_delivery_ms_redis_down", None, None),
 ]
 
 

@@ -12,10 +12,12 @@ import hypothesis
 import pytest
 from django.conf import settings
 
+# Modules first, then those that import them: a plugin imported before it is registered
+# would miss pytest's assertion rewriting.
 pytest_plugins = [
-    "tests.support.fixtures",
-    "tests.support.personas",
     "tests.support.live_server",
+    "tests.support.personas",
+    "tests.support.fixtures",
     "tests.support.api",
 ]
 
@@ -128,14 +130,7 @@ hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "own_server: the test restarts its server, so it gets one of its own"
-    )
-    config.addinivalue_line(
-        "markers",
-        "postgres(redis=False): needs PostgreSQL (and Redis with redis=True); skipped, and "
-        "reported, on the SQLite pass, and the only skip CANOPY_NO_SKIPS allows",
-    )
+    # The markers (own_server, postgres, soak) are registered in pyproject.toml.
     # The in-process sweep would race the tests' own explicit sweeps and DB teardown.
     settings.UPKEEP_IN_PROCESS = False
     if on_postgres():
