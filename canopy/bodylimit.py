@@ -52,6 +52,12 @@ class BodyLimit:
         if declared is not None and declared > limit:
             await _send_413(send, limit)
             return
+        if declared is not None or not _chunked(scope):
+            # The server frames a declared length (or no body at all), so nothing past the
+            # limit can arrive: the application keeps the server's own ``send``, which the
+            # streamed responses' back-pressure (canopy.backpressure) must see to pace them.
+            await self.app(scope, receive, send)
+            return
         await self.app(scope, *_counting(receive, send, limit))
 
 
@@ -63,6 +69,13 @@ def _content_length(scope) -> int | None:
             except ValueError:
                 return None
     return None
+
+
+def _chunked(scope) -> bool:
+    return any(
+        name.lower() == b"transfer-encoding" and b"chunked" in value.lower()
+        for name, value in scope.get("headers", [])
+    )
 
 
 def _counting(receive, send, limit: int):
