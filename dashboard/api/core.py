@@ -30,6 +30,7 @@ from pydantic import Field
 from delegation import roles
 from delegation.errors import PermissionRefused, RpcError, http_status
 from delegation.services import operator, tokens
+from delegation.services.locks import is_lost_connection
 from delegation.wire import loads_strict
 
 log = logging.getLogger(__name__)
@@ -221,6 +222,11 @@ def install_error_handlers(api: NinjaAPI) -> None:
 
     @api.exception_handler(Exception)
     def _crash(request, exc):
+        if is_lost_connection(exc):  # lost twice (the service retried once): say so
+            log.warning("REST API: database unavailable on %s %s", request.method, request.path)
+            answer = respond(request, 503, "unavailable", "database unavailable; retry")
+            answer["Retry-After"] = "1"
+            return answer
         log.exception("REST API error on %s %s", request.method, request.path)
         return respond(request, 500, "internal_error", "internal error; see the server log")
 

@@ -18,7 +18,9 @@ then its parent run) and a cancel or budget stop from another connection (runs, 
 
 PostgreSQL may still abort a transaction with a deadlock (40P01) or a serialization failure
 (40001) that some other path provokes: ``retry_conflicts`` runs the whole transaction again,
-so neither reaches a runner or an operator.
+so neither reaches a runner or an operator. It also runs it once more on a fresh connection
+when the connection itself was lost (a terminated backend, a restarted server): every
+operator action and runner method is idempotent by state or by requestId.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import logging
 import random
 import time
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
 from delegation.models import Run
 from delegation.selectors import RESULT_RELATED
@@ -50,6 +52,25 @@ def is_conflict(exc: BaseException) -> bool:
     return getattr(exc.__cause__, "sqlstate", None) in CONFLICT_SQLSTATES
 
 
+# SQLSTATEs of a connection that is gone: class 08 (connection exception) and the server's
+# own shutdowns (57P01 admin shutdown, as pg_terminate_backend sends; 57P02; 57P03).
+GONE_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
+
+
+def is_lost_connection(exc: BaseException) -> bool:
+    """Whether a database error means the connection itself is gone, as opposed to a query
+    the database refused. SQLite has no connection to lose: its errors never count."""
+    if connection.vendor != "postgresql":
+        return False
+    if isinstance(exc, InterfaceError):
+        return True  # "connection already closed"
+    if not isinstance(exc, OperationalError):
+        return False
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    # No SQLSTATE: the client library lost the socket ("server closed the connection").
+    return sqlstate is None or sqlstate.startswith("08") or sqlstate in GONE_SQLSTATES
+
+
 def retry_conflicts(function):
     """Run ``function`` (which opens its own transaction) again on a deadlock or a
     serialization failure, with a short jittered pause; inside a caller's transaction it
@@ -63,6 +84,10 @@ def retry_conflicts(function):
             try:
                 return function(*args, **kwargs)
             except DatabaseError as exc:
+                if is_lost_connection(exc) and attempt == 1:
+                    log.warning("%s: database connection lost; retrying", function.__name__)
+                    connection.close()  # the next query opens a fresh one
+                    continue
                 if not is_conflict(exc) or attempt == CONFLICT_ATTEMPTS:
                     raise
                 sqlstate = exc.__cause__.sqlstate
