@@ -32,13 +32,17 @@ from delegation.errors import (
     STALE_CONNECTION,
     RpcError,
 )
+from delegation.layers import recently_faulted
 from delegation.protocol import CLOSE_FENCED, CLOSE_UNAUTHORIZED, MAX_FRAME_BYTES, bearer_token
 from delegation.services import answers, operator, outbox, runners, tokens
+from delegation.services.locks import is_lost_connection
 from delegation.wire import dumps, loads_strict, refuse_nul
 
 log = logging.getLogger(__name__)
 
 
+# The outbox poll while the channel layer loses doorbells (see _keep_outbox_flowing).
+DEGRADED_POLL_SECONDS = 0.25
 ENVELOPE_KEYS = frozenset({"jsonrpc", "method", "params", "id"})
 RESPONSE_KEYS = frozenset({"jsonrpc", "result", "error", "id"})
 
@@ -61,26 +65,6 @@ def _base_url(scope) -> str:
     return f"{scheme}://{host}"
 
 
-# SQLSTATEs of a connection that is gone: class 08 (connection exception) and the server's
-# own shutdowns (57P01 admin shutdown, as pg_terminate_backend sends; 57P02; 57P03).
-_GONE_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
-
-
-def _lost_connection(exc: Exception) -> bool:
-    """Whether a database error means the connection itself is gone (a terminated backend,
-    a restarted server), as opposed to a query the database refused. SQLite has no
-    connection to lose: its errors are never retried here."""
-    if db_connection.vendor != "postgresql":
-        return False
-    if isinstance(exc, InterfaceError):
-        return True  # "connection already closed"
-    if not isinstance(exc, OperationalError):
-        return False
-    sqlstate = getattr(exc.__cause__, "sqlstate", None)
-    # No SQLSTATE: the client library lost the socket ("server closed the connection").
-    return sqlstate is None or sqlstate.startswith("08") or sqlstate in _GONE_SQLSTATES
-
-
 def _claim(conn) -> list:
     """This connection's unsent commands, claimed once more on a fresh database connection
     when a lost one cut the first try off; [] when even that fails (the next doorbell or the
@@ -89,7 +73,7 @@ def _claim(conn) -> list:
         try:
             return outbox.claim_commands(conn)
         except (OperationalError, InterfaceError) as exc:
-            if not _lost_connection(exc):
+            if not is_lost_connection(exc):
                 break
             log.warning("database connection lost claiming commands (attempt %d)", attempt)
             with contextlib.suppress(Exception):
@@ -134,7 +118,7 @@ def _collecting(function, *args, claim_for=None):
                 return None, exc, collected, []
             except (OperationalError, InterfaceError) as exc:
                 collected.update(bells)
-                if not _lost_connection(exc):
+                if not is_lost_connection(exc):
                     raise
                 log.warning("database connection lost (attempt %d): %s", attempt, exc)
                 with contextlib.suppress(Exception):
@@ -455,9 +439,21 @@ class RunnerConsumer(AsyncWebsocketConsumer):
                 return
 
     async def _keep_outbox_flowing(self):
-        """Doorbells can be lost; a slow poll guarantees commands still go out."""
+        """Doorbells can be lost; a poll guarantees commands still go out.
+
+        Slow (OUTBOX_RESEND_SECONDS) while the channel layer works; every
+        DEGRADED_POLL_SECONDS while it is losing doorbells and for a while after (a restarted
+        Redis forgot this socket's group until it joins again), so a cancel written by another
+        process still reaches the runner within a second when Redis is down."""
+        resend = settings.OUTBOX_RESEND_SECONDS
+        tick = min(resend, DEGRADED_POLL_SECONDS)
+        waited = 0.0
         while True:
-            await asyncio.sleep(settings.OUTBOX_RESEND_SECONDS)
+            await asyncio.sleep(tick)
+            waited += tick
+            if waited < resend and not recently_faulted(self.channel_layer, within=2 * resend):
+                continue
+            waited = 0.0
             if self.conn is not None and self.conn.generation:
                 with contextlib.suppress(Exception):
                     await database_sync_to_async(runners.touch_runner)(self.conn)

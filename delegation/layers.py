@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from channels_redis.core import RedisChannelLayer
 
@@ -22,13 +23,29 @@ faults = RateLimitedLog(log, window=10.0)
 RETRY_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.0)
 
 
+def recently_faulted(layer, *, within: float) -> bool:
+    """Whether ``layer`` lost a message or a membership in the last ``within`` seconds.
+
+    Pollers use it to go fast while doorbells may be lost, and for a while after, since a
+    restarted Redis has forgotten every group membership until its consumers join again.
+    A layer that never fails (the in-memory one) is never faulted."""
+    faulted_at = getattr(layer, "faulted_at", None)
+    return faulted_at is not None and time.monotonic() - faulted_at < within
+
+
 class ResilientRedisChannelLayer(RedisChannelLayer):
+    faulted_at: float | None = None
+
+    def _faulted(self) -> None:
+        self.faulted_at = time.monotonic()
+
     async def receive(self, channel):
         attempt = 0
         while True:
             try:
                 return await super().receive(channel)
             except Exception as exc:  # Redis down or restarting: wait, then listen again
+                self._faulted()
                 delay = RETRY_SECONDS[min(attempt, len(RETRY_SECONDS) - 1)]
                 if attempt == 0:
                     faults.warning(
@@ -41,22 +58,26 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         try:
             await super().send(channel, message)
         except Exception as exc:
+            self._faulted()
             faults.warning("send lost", "channel layer send to %s lost (%s)", channel, exc)
 
     async def group_send(self, group, message):
         try:
             await super().group_send(group, message)
         except Exception as exc:
+            self._faulted()
             faults.warning("doorbell lost", "doorbell to %s lost (%s)", group, exc)
 
     async def group_add(self, group, channel):
         try:
             await super().group_add(group, channel)
         except Exception as exc:  # consumers re-join their groups periodically
+            self._faulted()
             faults.warning("group join failed", "joining %s failed (%s); will retry", group, exc)
 
     async def group_discard(self, group, channel):
         try:
             await super().group_discard(group, channel)
         except Exception as exc:  # membership expires on its own
+            self._faulted()
             faults.warning("group leave failed", "leaving %s failed (%s)", group, exc)
