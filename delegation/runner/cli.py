@@ -27,6 +27,7 @@ TOKEN_ENV = "CANOPY_RUNNER_TOKEN"
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    # One add_argument per documented flag (docs/reference/runner-cli.md): a flat list.
     parser = parser or argparse.ArgumentParser(prog="runner", description="Canopy reference runner")
     parser.add_argument(
         "--url",
@@ -271,6 +272,7 @@ def not_dumpable() -> bool:
 
 
 async def run(args) -> int:
+    # The runner's start in order (not dumpable, token, engine, client, signals, serve).
     not_dumpable()
     token = read_token(args)
     engine, workspace, config_extension = build_engine(args)

@@ -200,6 +200,8 @@ class CommandEngine(PresetEngine):
         config: McpConfigFile | None,
         home: PrivateHome | None,
     ) -> Outcome:
+        # One agent process from spawn to outcome: output, steering and cancellation share
+        # the process and its reader, so they are driven here together.
         mcp_path = config.path if config else ""
         process = await proc.spawn(
             preset,

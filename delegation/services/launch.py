@@ -58,6 +58,7 @@ def _launch(actor: Actor, launch: Launch) -> dict:
 
 
 def _launch_locked(actor: Actor, launch: Launch) -> dict:
+    # Long for its audit and budget fields; the run itself is made by lifecycle.create_run.
     run_id = f"r-{uuid.uuid4().hex}"
     fields = {"requestId": run_id, "profile": launch.profile, "message": launch.message}
     if launch.cwd:

@@ -88,6 +88,8 @@ def do_cancel_run(actor: Actor, run: Run, *, reason: str = "", cascade: bool = F
 @retry_conflicts
 def do_steer_run(actor: Actor, run: Run, *, request_id: str, message: str) -> dict:
     """Queue a message for a running run; idempotent per child session by requestId."""
+    # Long for its idempotency: a repeated requestId answers the first receipt, a changed
+    # message under one requestId is refused, each with its audit entry.
     require_operator(actor, "steer", "run", run.run_id)
     try:
         valid_id(request_id, "requestId")

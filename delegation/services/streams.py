@@ -40,6 +40,8 @@ from delegation.wire import (
 
 @retry_conflicts
 def open_run(conn: Connection, params: RunOpenParams) -> dict:
+    # Long because run.open is idempotent: the replay branch answers from the stored run
+    # under the same lock as the first open, which then creates it through lifecycle.
     with transaction.atomic():
         runner = current_runner(conn)
         existing = Run.objects.select_related(*RESULT_RELATED).filter(run_id=params.run_id).first()
@@ -177,6 +179,9 @@ def _usage_totals(usages) -> dict[str, int]:
 
 @retry_conflicts
 def _append(conn: Connection, params: RunEventParams, rows, usages) -> tuple[dict, list[int]]:
+    # One transaction from the locking read to the run's update: exactly-once, gaps,
+    # replays, finished runs and rollups are checked against the same locked state, so the
+    # steps stay in one function rather than pass that state around.
     due: list[int] = []
     with transaction.atomic():
         found = event_store.lock_own_run(params.run_id, conn.runner_pk)

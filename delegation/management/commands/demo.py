@@ -97,6 +97,7 @@ class Command(BaseCommand):
     # -- processes -----------------------------------------------------------------------
 
     def serve(self, token: str, opts) -> int:
+        # Server and demo runner started, watched and stopped together, in that order.
         host, port = opts["host"], opts["port"]
         if answers(host, port):
             self.stderr.write(f"Port {port} is already in use; stop that server or pass --port.")

@@ -143,6 +143,8 @@ class AcpEngine(PresetEngine):
         return outcome
 
     async def _drive(self, ctx, preset, session: Session, conn, cwd: str) -> Outcome:
+        # The ACP conversation in protocol order (initialize, session/new, prompt, steer
+        # turns, outcome); each step is short and reads best in sequence.
         init = await self._until_cancel(
             ctx,
             conn.initialize(
