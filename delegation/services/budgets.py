@@ -203,7 +203,7 @@ def admit_child(parent: Run) -> Exhausted | None:
     """Whether one more descendant may start under ``parent``, against every budget on its
     chain. Locks those budget rows (pk order) until the caller commits, so the rollup counts
     read here cannot change under a concurrent start."""
-    # Long because each limit (runs, live, tokens, cost, time) is checked in turn against
+    # Long because each limit (runs, live, tokens, cost) is checked in turn against
     # the same locked rows; a refusal names the first one exhausted.
     chain = rollups.chain_of(parent)
     budgets = list(Budget.objects.select_for_update().filter(run_id__in=chain).order_by("run_id"))
