@@ -369,7 +369,7 @@ async def test_it_lets_a_runner_register_once_redis_takes_writes_again(
 
 
 @needs_postgres
-async def test_it_answers_a_request_cut_off_from_postgresql_with_an_error_and_serves_the_next(
+async def test_it_retries_a_request_cut_off_from_postgresql_and_serves_the_next(
     daphne_factory, live_clients, operator_token
 ):
     name = "canopy-fault-server"
@@ -401,16 +401,19 @@ async def test_it_answers_a_request_cut_off_from_postgresql_with_an_error_and_se
             await eventually(faults.waiting_on_lock, PROMPT, "the steer waiting on the row lock")
             killed = await asyncio.to_thread(faults.terminate_server_backends)
             assert killed >= 1
+            # An operator's steer is idempotent by requestId: the service tries it once more
+            # on a fresh connection (which waits on the lock again) instead of answering 500.
+            await eventually(faults.waiting_on_lock, PROMPT, "the retried steer on the row lock")
+            await asyncio.to_thread(faults.unlock)
             cut = time.monotonic()
             status, answer = await request
-            assert time.monotonic() - cut < PROMPT, "the cut-off request hung"
-            assert status >= 500 and "error" in answer, (status, answer)
-            await asyncio.to_thread(faults.unlock)
-            # The next request gets a fresh connection; the failed one left nothing behind.
-            status, answer = await asyncio.to_thread(
+            assert time.monotonic() - cut < PROMPT, "the retried request hung"
+            assert (status, answer) == (200, {"outcome": "injected"}), answer
+            # The next request gets a fresh connection; the retry stored one steer, not two.
+            status, again = await asyncio.to_thread(
                 api, server.http_url, "POST", "/api/runs/pg-run/steer", operator, body
             )
-            assert (status, answer) == (200, {"outcome": "injected"}), answer
+            assert (status, again) == (200, answer), again
             await runner.wait_command("run.steer", PROMPT, requestId="pg-steer")
 
             # A run.event held in flight the same way: an error answer, then a clean resend.
