@@ -32,7 +32,7 @@ from delegation.errors import (
     STALE_CONNECTION,
     RpcError,
 )
-from delegation.layers import recently_faulted
+from delegation.layers import recently_faulted, until_faulted
 from delegation.protocol import CLOSE_FENCED, CLOSE_UNAUTHORIZED, MAX_FRAME_BYTES, bearer_token
 from delegation.services import answers, operator, outbox, runners, tokens
 from delegation.services.locks import is_lost_connection
@@ -447,13 +447,13 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         process still reaches the runner within a second when Redis is down."""
         resend = settings.OUTBOX_RESEND_SECONDS
         tick = min(resend, DEGRADED_POLL_SECONDS)
-        waited = 0.0
         while True:
-            await asyncio.sleep(tick)
-            waited += tick
-            if waited < resend and not recently_faulted(self.channel_layer, within=2 * resend):
-                continue
-            waited = 0.0
+            # Healthy, one timer per socket every `resend` seconds (woken at once by a fault),
+            # not a wake-up per socket every tick.
+            if recently_faulted(self.channel_layer, within=2 * resend):
+                await asyncio.sleep(tick)
+            else:
+                await until_faulted(self.channel_layer, timeout=resend)
             if self.conn is not None and self.conn.generation:
                 with contextlib.suppress(Exception):
                     await database_sync_to_async(runners.touch_runner)(self.conn)

@@ -9,6 +9,7 @@ the process closes with 1011, and a failed ``group_add`` fails the call that mad
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -33,11 +34,31 @@ def recently_faulted(layer, *, within: float) -> bool:
     return faulted_at is not None and time.monotonic() - faulted_at < within
 
 
+async def until_faulted(layer, *, timeout: float) -> None:
+    """Sleep ``timeout`` seconds, or less if ``layer`` fails meanwhile (then at once)."""
+    signal = getattr(layer, "fault_signal", None)
+    if signal is None:
+        await asyncio.sleep(timeout)
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(signal().wait(), timeout)
+
+
 class ResilientRedisChannelLayer(RedisChannelLayer):
     faulted_at: float | None = None
+    _fault_event: asyncio.Event | None = None
+
+    def fault_signal(self) -> asyncio.Event:
+        # One event per fault: it is set once and replaced, so no waiter clears another's.
+        if self._fault_event is None:
+            self._fault_event = asyncio.Event()
+        return self._fault_event
 
     def _faulted(self) -> None:
         self.faulted_at = time.monotonic()
+        event, self._fault_event = self._fault_event, None
+        if event is not None:
+            event.set()
 
     async def receive(self, channel):
         attempt = 0
