@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
@@ -131,6 +132,16 @@ def _collecting(function, *args, claim_for=None):
     return None, error, collected, []
 
 
+def on_database(function):
+    """``function`` on a database thread: any free one on PostgreSQL, the one shared thread
+    on SQLite (a single writer).
+
+    Not channels' default everywhere: its one thread per process is shared by every socket's
+    outbox claims and polls and every sync view, so on PostgreSQL a cancel's flush waited in
+    that queue for seconds under load (issue 20)."""
+    return database_sync_to_async(function, thread_sensitive=db_connection.vendor != "postgresql")
+
+
 def _valid_rpc_id(value) -> bool:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
@@ -143,7 +154,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         self.fenced = False
         self.outbox_lock = asyncio.Lock()
         self.background: set[asyncio.Task] = set()
-        runner = await database_sync_to_async(tokens.authenticate_runner)(
+        runner = await on_database(tokens.authenticate_runner)(
             bearer_token(self.scope.get("headers", []))
         )
         await self.accept()
@@ -325,10 +336,9 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         connection), so one runner's commit does not wait behind another's; a socket's own
         frames still run one after another, in order, as the consumer awaits each. SQLite has
         one writer: its calls share one thread, as channels does by default."""
-        parallel = db_connection.vendor == "postgresql"
-        result, error, bells, commands = await database_sync_to_async(
-            _collecting, thread_sensitive=not parallel
-        )(function, *args, claim_for=self.conn if claim else None)
+        result, error, bells, commands = await on_database(_collecting)(
+            function, *args, claim_for=self.conn if claim else None
+        )
         if bells:
             await notify.ring_collected(bells)
         if error is not None:
@@ -424,7 +434,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if self.conn is None or not self.conn.generation or self.fenced:
             return
         while True:
-            commands = await database_sync_to_async(_claim)(self.conn)
+            commands = await on_database(_claim)(self.conn)
             async with self.outbox_lock:
                 for command in commands:
                     await self._send(
@@ -447,6 +457,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         process still reaches the runner within a second when Redis is down."""
         resend = settings.OUTBOX_RESEND_SECONDS
         tick = min(resend, DEGRADED_POLL_SECONDS)
+        touched = time.monotonic()
         while True:
             # Healthy, one timer per socket every `resend` seconds (woken at once by a fault),
             # not a wake-up per socket every tick.
@@ -456,7 +467,10 @@ class RunnerConsumer(AsyncWebsocketConsumer):
                 await until_faulted(self.channel_layer, timeout=resend)
             if self.conn is not None and self.conn.generation:
                 with contextlib.suppress(Exception):
-                    await database_sync_to_async(runners.touch_runner)(self.conn)
+                    # "Seen" needs no more than one write per `resend`, even polling fast.
+                    if time.monotonic() - touched >= resend:
+                        await on_database(runners.touch_runner)(self.conn)
+                        touched = time.monotonic()
                     await self._flush_outbox()
                 if self.runner_group:
                     # A Redis restart forgets group memberships: join again.
