@@ -208,6 +208,10 @@ def _hidden(root: str) -> tuple[tuple[str, bool], ...]:
     """Entries under ``root`` that not everyone may read: (path, is_directory), outermost
     first; below a hidden directory nothing more is listed (it is masked whole)."""
     out: list[tuple[str, bool]] = []
+    try:
+        device = os.stat(root).st_dev
+    except OSError:
+        return ()
     stack = [root]
     while stack:
         current = stack.pop()
@@ -225,21 +229,31 @@ def _hidden(root: str) -> tuple[tuple[str, bool], ...]:
             if stat.S_ISDIR(st.st_mode):
                 if st.st_mode & 0o005 != 0o005:
                     out.append((entry.path, True))
-                elif not os.path.ismount(entry.path):
+                elif st.st_dev == device:  # another mount is not a system path's business
                     stack.append(entry.path)
             elif stat.S_ISREG(st.st_mode) and not st.st_mode & 0o004:
                 out.append((entry.path, False))
     return tuple(sorted(out))
 
 
+def _hidden_under(real: str, scanned: Iterable[str]) -> tuple[tuple[str, bool], ...]:
+    """``_hidden(real)``, taken from a scan of a directory above it when there is one
+    (``/lib`` is ``/usr/lib`` on a merged-/usr system: scanning it again cost a second)."""
+    for above in scanned:
+        if real.startswith(above.rstrip("/") + "/"):
+            return tuple((p, d) for p, d in _hidden(above) if _under(p, [real]))
+    return _hidden(real)
+
+
 def masks(roots: Iterable[str]) -> list[str]:
     """bwrap arguments that hide what not everyone may read under ``roots``."""
     out: list[str] = []
-    for root in roots:
-        real = os.path.realpath(root)
+    roots = list(roots)
+    reals = [os.path.realpath(root) for root in roots]
+    for root, real in zip(roots, reals, strict=True):
         if not os.path.isdir(real):
             continue
-        for path, is_dir in _hidden(real):
+        for path, is_dir in _hidden_under(real, [r for r in reals if r != real]):
             inside = root.rstrip("/") + path[len(real) :]
             if is_dir:
                 out += ["--tmpfs", inside, "--remount-ro", inside]

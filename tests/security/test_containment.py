@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import json
 import os
+import pwd
 import secrets
 import shutil
 import subprocess
@@ -379,3 +380,43 @@ def test_it_contains_both_engines_presets_unless_they_say_none():
             preset_class.from_config(
                 {"name": "x", "command": ["a"], "sandbox": "none", "network": "none"}
             )
+
+
+# --- the ACP engine's containment: the same sandbox and account --------------------------
+
+
+@needs_root
+@pytest.mark.parametrize(
+    ("containment", "contained"), [({}, True), ({"sandbox": "none"}, False)], ids=["bwrap", "none"]
+)
+async def test_it_runs_an_acp_agent_as_the_presets_account(
+    server, shared_place, containment, contained
+):
+    probe = shared_place.workspace / "acp_probe.py"
+    shutil.copy(AGENTS / "acp_probe.py", probe)
+    config = shared_place.presets(
+        # Not "nobody": a root runner's sandbox already maps its agent to nobody's uid.
+        {"name": "probe", "command": [SYSTEM_PYTHON, "-I", str(probe)], "user": "daemon"}
+        | containment
+    )
+    _runner, token = await sync_to_async(tokens.create_runner)("acp-as-daemon")
+    args = [sys.executable, "manage.py", "runner", "--url", server.ws_url, "--engine", "acp"]
+    args += ["--config", str(config), "--workspace", str(shared_place.workspace)]
+    args += ["--root", "who are you", "--root-profile", "probe", "--once"]
+    done = await asyncio.to_thread(
+        subprocess.run,
+        args,
+        cwd=BASE_DIR,
+        env=runner_env(CANOPY_RUNNER_TOKEN=token),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    run = await sync_to_async(Run.objects.get)(parent=None)
+    assert run.status == "succeeded", (run.status, run.error)
+    me = json.loads(run.output)
+    assert me["uid"] == pwd.getpwnam("daemon").pw_uid and not me["environToken"], me
+    # In the sandbox its own pid namespace; without one, a host pid and the runner's warning.
+    assert (me["pid"] <= 3) is contained, me
+    assert ("without a sandbox" in done.stderr) is not contained
