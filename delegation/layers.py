@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 
 from channels_redis.core import RedisChannelLayer
 
@@ -46,19 +47,24 @@ async def until_faulted(layer, *, timeout: float) -> None:
 
 class ResilientRedisChannelLayer(RedisChannelLayer):
     faulted_at: float | None = None
-    _fault_event: asyncio.Event | None = None
 
     def fault_signal(self) -> asyncio.Event:
-        # One event per fault: it is set once and replaced, so no waiter clears another's.
-        if self._fault_event is None:
-            self._fault_event = asyncio.Event()
-        return self._fault_event
+        """An event set at the next fault. One per fault (set once, then replaced, so no
+        waiter clears another's) and per event loop: an asyncio.Event belongs to the loop it
+        is awaited on, and one layer outlives many loops (the suite runs one per test)."""
+        loop = asyncio.get_running_loop()
+        events = self.__dict__.setdefault("_fault_events", weakref.WeakKeyDictionary())
+        event = events.get(loop)
+        if event is None:
+            event = events[loop] = asyncio.Event()
+        return event
 
     def _faulted(self) -> None:
         self.faulted_at = time.monotonic()
-        event, self._fault_event = self._fault_event, None
-        if event is not None:
-            event.set()
+        events = self.__dict__.pop("_fault_events", None) or {}
+        for loop, event in list(events.items()):
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(event.set)
 
     async def receive(self, channel):
         attempt = 0

@@ -100,11 +100,15 @@ FENCED_CALLS = [
 
 @pytest.mark.parametrize("method, make_params", FENCED_CALLS, ids=[m for m, _ in FENCED_CALLS])
 async def test_it_refuses_a_frame_of_a_connection_fenced_by_another_process(
-    runner_token, make_client, method, make_params
+    runner_token, make_client, method, make_params, monkeypatch
 ):
     """A frame in flight on the old socket when a newer one registers: -32002, then 4409."""
-    from delegation import rpc
+    from delegation import rpc, socket_fences
     from delegation.services import runners
+
+    # The frame's own check, not the process's twice-a-second one, which would close the
+    # socket first if its tick came between the registration and the frame.
+    monkeypatch.setattr(socket_fences, "CHECK_SECONDS", 3600)
 
     a = await make_client(runner_token)
     await a.open("root-a")
