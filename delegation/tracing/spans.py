@@ -1,0 +1,298 @@
+"""SPEC §12's mapping from the record to OpenTelemetry spans (the SDK's ``ReadableSpan``).
+
+A run is ``invoke_agent {profile}``; each tool call of its stream (a ``tool-use`` event and
+its ``tool-result``) is ``execute_tool {toolName}`` under it; a child run started from a tool
+call hangs under that call's span, otherwise under its parent run's span. Ids are hashes of
+stored identities: the trace id of the root's runId, a run's span id of its runId, a tool
+call's of (runId, toolCallId), so exporting again (or a run's final spans after its
+open-run ones) gives the same ids and backends replace rather than duplicate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from delegation.models import Event, Run, RunStatus
+
+SCOPE = InstrumentationScope("canopy", "1")
+# Not (yet) in opentelemetry-semantic-conventions: the names SPEC §12 fixes.
+COST_AMOUNT = "gen_ai.usage.cost.amount"
+COST_CURRENCY = "gen_ai.usage.cost.currency"
+# Phoenix's own key for its views (OpenInference), set beside the gen_ai ones.
+OPENINFERENCE_KIND = "openinference.span.kind"
+ERROR_STATUSES = (RunStatus.FAILED, RunStatus.LOST)
+# The stream's kinds a span needs; text deltas and the rest are never read.
+SPAN_KINDS = ("tool-use", "tool-result", "usage")
+
+
+def _digest(kind: str, *parts: str) -> bytes:
+    return hashlib.sha256("\x1f".join(("canopy", kind, *parts)).encode()).digest()
+
+
+def _nonzero(value: int) -> int:
+    # An all-zero id is invalid in OTLP; a hash that gives one (2^-64) is nudged.
+    return value or 1
+
+
+def trace_id(root_run_id: str) -> int:
+    return _nonzero(int.from_bytes(_digest("trace", root_run_id)[:16], "big"))
+
+
+def run_span_id(run_id: str) -> int:
+    return _nonzero(int.from_bytes(_digest("run", run_id)[:8], "big"))
+
+
+def tool_span_id(run_id: str, tool_call_id: str) -> int:
+    return _nonzero(int.from_bytes(_digest("tool", run_id, tool_call_id)[:8], "big"))
+
+
+def _ns(moment) -> int:
+    return int(moment.timestamp() * 1_000_000_000)
+
+
+def resource() -> Resource:
+    """``service.name`` from OTEL_SERVICE_NAME; ``Resource.create`` merges OTEL_RESOURCE_ATTRIBUTES."""
+    return Resource.create({"service.name": settings.OTEL_SERVICE_NAME})
+
+
+@dataclass
+class _ToolCall:
+    call_id: str
+    name: str
+    started: object
+    arguments: object = None
+    ended: object = None
+    success: bool | None = None
+    result: object = None
+    error: str | None = None
+
+
+def _json(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def runs_for_export(run_pks) -> list[Run]:
+    return list(
+        Run.objects.filter(pk__in=list(run_pks))
+        .select_related("session", "runner", "parent", "root", "rollup")
+        .order_by("pk")
+    )
+
+
+def build_spans(runs: list[Run], *, now=None, capture: bool | None = None) -> list[ReadableSpan]:
+    """Every span of ``runs`` (each run's own and its tool calls'), a few queries in all."""
+    if not runs:
+        return []
+    now = now or timezone.now()
+    capture = (
+        settings.OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT if capture is None else capture
+    )
+    calls, models = _stream_of(runs)
+    started_by_call = _parent_calls(runs)
+    res = resource()
+    spans: list[ReadableSpan] = []
+    for run in runs:
+        spans.append(
+            _run_span(run, models.get(run.pk), started_by_call, res=res, now=now, capture=capture)
+        )
+        for call in calls.get(run.pk, ()):
+            spans.append(_tool_span(run, call, res=res, now=now, capture=capture))
+    return spans
+
+
+def _stream_of(runs):
+    """Each run's tool calls in stream order, and the model its latest usage named."""
+    calls: dict[int, list[_ToolCall]] = defaultdict(list)
+    open_calls: dict[tuple[int, str], _ToolCall] = {}
+    models: dict[int, str] = {}
+    rows = (
+        Event.objects.filter(run_id__in=[run.pk for run in runs], kind__in=SPAN_KINDS)
+        .order_by("run_id", "sequence")
+        .values_list(
+            "run_id",
+            "kind",
+            "tool_name",
+            "tool_call_id",
+            "input",
+            "tool_output",
+            "success",
+            "error",
+            "created_at",
+        )
+        .iterator(chunk_size=2000)
+    )
+    for run_pk, kind, name, call_id, data, output, success, error, at in rows:
+        if kind == "usage":
+            if isinstance(data, dict) and isinstance(data.get("model"), str) and data["model"]:
+                models[run_pk] = data["model"]
+            continue
+        if not call_id:
+            continue
+        call = open_calls.get((run_pk, call_id))
+        if kind == "tool-use":
+            if call is None:
+                call = _ToolCall(call_id, name or "tool", at, arguments=data)
+                open_calls[(run_pk, call_id)] = call
+                calls[run_pk].append(call)
+        elif call is not None and call.ended is None:
+            call.ended, call.success, call.result, call.error = at, success, output, error
+            if name and call.name == "tool":
+                call.name = name
+    return calls, models
+
+
+def _parent_calls(runs) -> set[tuple[int, str]]:
+    """(parent pk, toolCallId) pairs whose tool-use is in the parent's stream: only those
+    children hang under a tool call's span (a span that exists), the rest under the run's."""
+    wanted = {
+        (run.parent_id, run.tool_call_id) for run in runs if run.parent_id and run.tool_call_id
+    }
+    if not wanted:
+        return set()
+    match = Q()
+    for parent_pk, call_id in wanted:
+        match |= Q(run_id=parent_pk, tool_call_id=call_id)
+    found = Event.objects.filter(match, kind="tool-use").values_list("run_id", "tool_call_id")
+    return set(found)
+
+
+def _root_run_id(run: Run) -> str:
+    return run.root.run_id if run.root_id else run.run_id
+
+
+def _run_span(run: Run, model, started_by_call, *, res, now, capture) -> ReadableSpan:
+    tid = trace_id(_root_run_id(run))
+    parent = None
+    if run.parent_id:
+        if run.tool_call_id and (run.parent_id, run.tool_call_id) in started_by_call:
+            parent_span = tool_span_id(run.parent.run_id, run.tool_call_id)
+        else:
+            parent_span = run_span_id(run.parent.run_id)
+        parent = SpanContext(tid, parent_span, is_remote=False, trace_flags=TraceFlags.SAMPLED)
+    profile = run.profile or run.session.profile or "agent"
+    attributes = {
+        gen_ai.GEN_AI_OPERATION_NAME: gen_ai.GenAiOperationNameValues.INVOKE_AGENT.value,
+        gen_ai.GEN_AI_AGENT_NAME: profile,
+        gen_ai.GEN_AI_AGENT_ID: run.run_id,
+        gen_ai.GEN_AI_CONVERSATION_ID: run.session.conversation_id,
+        OPENINFERENCE_KIND: "AGENT",
+        "canopy.depth": run.depth,
+        "canopy.status": run.status,
+        "canopy.via": run.via,
+        "canopy.runner": run.runner.name,
+    }
+    if model:
+        attributes[gen_ai.GEN_AI_REQUEST_MODEL] = model
+        attributes[gen_ai.GEN_AI_RESPONSE_MODEL] = model
+    rollup = getattr(run, "rollup", None)
+    if rollup is not None:
+        attributes.update(
+            {
+                gen_ai.GEN_AI_USAGE_INPUT_TOKENS: rollup.own_tokens_in,
+                gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS: rollup.own_tokens_out,
+                gen_ai.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: rollup.own_cache_read,
+                gen_ai.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: rollup.own_cache_write,
+                COST_AMOUNT: rollup.own_cost_nanos / 1e9,
+                COST_CURRENCY: "USD",
+                # Phoenix's token columns (OpenInference names).
+                "llm.token_count.prompt": rollup.own_tokens_in,
+                "llm.token_count.completion": rollup.own_tokens_out,
+                "llm.token_count.total": rollup.own_tokens_in + rollup.own_tokens_out,
+            }
+        )
+    if capture:
+        message = (run.request or {}).get("message") if isinstance(run.request, dict) else None
+        if isinstance(message, str):
+            attributes[gen_ai.GEN_AI_INPUT_MESSAGES] = json.dumps(
+                [{"role": "user", "parts": [{"type": "text", "content": message}]}]
+            )
+            attributes["input.value"] = message
+        if run.output:
+            attributes[gen_ai.GEN_AI_OUTPUT_MESSAGES] = json.dumps(
+                [{"role": "assistant", "parts": [{"type": "text", "content": run.output}]}]
+            )
+            attributes["output.value"] = run.output
+    if run.status in ERROR_STATUSES:
+        status = Status(StatusCode.ERROR, (run.error or run.status)[:500])
+        attributes["error.type"] = run.status
+    elif run.is_terminal:
+        status = Status(StatusCode.OK)
+    else:
+        status = Status(StatusCode.UNSET)
+    ended = run.finished_at or now
+    return ReadableSpan(
+        name=f"invoke_agent {profile}",
+        context=SpanContext(
+            tid, run_span_id(run.run_id), is_remote=False, trace_flags=TraceFlags.SAMPLED
+        ),
+        parent=parent,
+        resource=res,
+        attributes=attributes,
+        kind=SpanKind.INTERNAL,
+        status=status,
+        start_time=_ns(run.created_at),
+        end_time=max(_ns(ended), _ns(run.created_at)),
+        instrumentation_scope=SCOPE,
+    )
+
+
+def _tool_span(run: Run, call: _ToolCall, *, res, now, capture) -> ReadableSpan:
+    tid = trace_id(_root_run_id(run))
+    attributes = {
+        gen_ai.GEN_AI_OPERATION_NAME: gen_ai.GenAiOperationNameValues.EXECUTE_TOOL.value,
+        gen_ai.GEN_AI_TOOL_NAME: call.name,
+        gen_ai.GEN_AI_TOOL_CALL_ID: call.call_id,
+        OPENINFERENCE_KIND: "TOOL",
+        "tool.name": call.name,
+    }
+    if call.success is not None:
+        attributes["canopy.tool.success"] = call.success
+    if capture:
+        if call.arguments is not None:
+            attributes[gen_ai.GEN_AI_TOOL_CALL_ARGUMENTS] = _json(call.arguments)
+            attributes["input.value"] = _json(call.arguments)
+        if call.result is not None:
+            attributes[gen_ai.GEN_AI_TOOL_CALL_RESULT] = _json(call.result)
+            attributes["output.value"] = _json(call.result)
+    if call.success is False:
+        # The error text is the tool's output, so it is content: only its presence otherwise.
+        status = Status(
+            StatusCode.ERROR, (call.error or "tool failed")[:500] if capture else "tool failed"
+        )
+        attributes["error.type"] = "tool_error"
+    elif call.ended is not None:
+        status = Status(StatusCode.OK)
+    else:
+        status = Status(StatusCode.UNSET)
+    ended = call.ended or run.finished_at or now
+    return ReadableSpan(
+        name=f"execute_tool {call.name}",
+        context=SpanContext(
+            tid,
+            tool_span_id(run.run_id, call.call_id),
+            is_remote=False,
+            trace_flags=TraceFlags.SAMPLED,
+        ),
+        parent=SpanContext(
+            tid, run_span_id(run.run_id), is_remote=False, trace_flags=TraceFlags.SAMPLED
+        ),
+        resource=res,
+        attributes=attributes,
+        kind=SpanKind.INTERNAL,
+        status=status,
+        start_time=_ns(call.started),
+        end_time=max(_ns(ended), _ns(call.started)),
+        instrumentation_scope=SCOPE,
+    )
