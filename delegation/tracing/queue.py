@@ -43,7 +43,11 @@ def queue_open_runs(now=None) -> int:
         .filter(created_at__lte=cutoff, trace_export__isnull=True)
         .values_list("pk", flat=True)[:1000]
     )
-    rows = [TraceExport(run_id=pk, final=False, queued_at=now, next_attempt_at=now) for pk in pks]
+    # Stamped with the wall clock: ``now`` only moves the cutoff (a sweep may pass its own).
+    stamp = timezone.now()
+    rows = [
+        TraceExport(run_id=pk, final=False, queued_at=stamp, next_attempt_at=stamp) for pk in pks
+    ]
     TraceExport.objects.bulk_create(rows, ignore_conflicts=True)
     return len(rows)
 
