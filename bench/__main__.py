@@ -4,7 +4,7 @@ python -m bench                # everything
 python -m bench ingest read    # a subset (``rollups``: only the rollups on/off comparison)
 
 Each measure is its own module (``bench.ingest``, ``bench.read``, ``bench.push``,
-``bench.memory``, ``bench.tree``, ``bench.budget_stop``, ``bench.mcp``); ``bench.table`` holds the figures.
+``bench.memory``, ``bench.tree``, ``bench.budget_stop``, ``bench.mcp``, ``bench.traces``); ``bench.table`` holds the figures.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 import sys
 import time
 
-from bench import budget_stop, ingest, memory, push, read, tree
+from bench import budget_stop, ingest, memory, push, read, traces, tree
 from bench.servers import ROOT
 from bench.table import machine, notes, report, results
 
@@ -31,10 +31,13 @@ STEPS = {
     ),
     "tree100k": tree.tree100k,
     "stop": budget_stop.stop,
+    # Issue 27: trace export throughput, and ingest with export on vs off.
+    "traces": traces.traces,
+    "traces_export": traces.export_throughput,
 }
 
 
-DEFAULT_STEPS = ["ingest", "read", "push", "memory", "tree", "tree100k", "stop"]
+DEFAULT_STEPS = ["ingest", "read", "push", "memory", "tree", "tree100k", "stop", "traces"]
 
 
 def main(argv: list[str]):

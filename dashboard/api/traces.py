@@ -8,7 +8,7 @@ from dashboard.api.rows import find_run
 # The runs resource has one router: ninja answers 405 for a path two routers share.
 from dashboard.api.runs import router
 from delegation import selectors
-from delegation.tracing import otlp, spans
+from delegation.tracing import otlp
 
 
 @router.get(
@@ -33,5 +33,5 @@ from delegation.tracing import otlp, spans
 def get_trace(request, runId: str):  # noqa: N803
     run = find_run(runId)
     pks = selectors.subtree_run_ids(run)
-    document = otlp.to_json(spans.build_spans(spans.runs_for_export(pks)))
+    document = otlp.trace_json(pks)
     return JsonResponse(document)

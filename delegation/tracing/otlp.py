@@ -14,6 +14,8 @@ from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
+from delegation.tracing import spans
+
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
 
 
@@ -42,11 +44,16 @@ def exporter(url: str | None = None) -> OTLPSpanExporter:
     )
 
 
-def to_json(spans) -> dict:
+def trace_json(run_pks) -> dict:
+    """The OTLP JSON of the given runs' spans (the REST trace and ``export_traces --json``)."""
+    return to_json(spans.build_spans(spans.runs_for_export(run_pks)))
+
+
+def to_json(span_list) -> dict:
     """The OTLP/JSON ``ExportTraceServiceRequest`` of ``spans``: lowerCamelCase keys, enums
     as integers, and trace and span ids as hex strings (OTLP/JSON's rule, unlike protobuf's
     JSON mapping, which would give base64)."""
-    document = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
+    document = MessageToDict(encode_spans(span_list), use_integers_for_enums=True)
     for resource_spans in document.get("resourceSpans", ()):
         for scope_spans in resource_spans.get("scopeSpans", ()):
             for span in scope_spans.get("spans", ()):

@@ -24,7 +24,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from delegation.models import Event, Run, RunStatus
+from delegation.models import TERMINAL_STATUSES, Event, Run, RunStatus
 
 SCOPE = InstrumentationScope("canopy", "1")
 # Not (yet) in opentelemetry-semantic-conventions: the names SPEC §12 fixes.
@@ -83,15 +83,75 @@ def _json(value) -> str:
     return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
-def runs_for_export(run_pks) -> list[Run]:
-    return list(
-        Run.objects.filter(pk__in=list(run_pks))
-        .select_related("session", "runner", "parent", "root", "rollup")
-        .order_by("pk")
+@dataclass
+class RunRow:
+    """What a run's span needs, read as plain values (no model instances: a batch of a
+    thousand runs with five relations each is most of the export's time otherwise)."""
+
+    pk: int
+    run_id: str
+    parent_id: int | None
+    tool_call_id: str
+    profile: str
+    status: str
+    depth: int
+    via: str
+    error: str
+    output: str
+    request: object
+    created_at: object
+    finished_at: object
+    conversation_id: str
+    session_profile: str
+    runner_name: str
+    parent_run_id: str | None
+    root_run_id: str | None
+    tokens_in: int | None
+    tokens_out: int | None
+    cache_read: int | None
+    cache_write: int | None
+    cost_nanos: int | None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+_ROW_FIELDS = {
+    "pk": "pk",
+    "run_id": "run_id",
+    "parent_id": "parent_id",
+    "tool_call_id": "tool_call_id",
+    "profile": "profile",
+    "status": "status",
+    "depth": "depth",
+    "via": "via",
+    "error": "error",
+    "output": "output",
+    "request": "request",
+    "created_at": "created_at",
+    "finished_at": "finished_at",
+    "conversation_id": "session__conversation_id",
+    "session_profile": "session__profile",
+    "runner_name": "runner__name",
+    "parent_run_id": "parent__run_id",
+    "root_run_id": "root__run_id",
+    "tokens_in": "rollup__own_tokens_in",
+    "tokens_out": "rollup__own_tokens_out",
+    "cache_read": "rollup__own_cache_read",
+    "cache_write": "rollup__own_cache_write",
+    "cost_nanos": "rollup__own_cost_nanos",
+}
+
+
+def runs_for_export(run_pks) -> list[RunRow]:
+    rows = (
+        Run.objects.filter(pk__in=list(run_pks)).order_by("pk").values_list(*_ROW_FIELDS.values())
     )
+    return [RunRow(*row) for row in rows]
 
 
-def build_spans(runs: list[Run], *, now=None, capture: bool | None = None) -> list[ReadableSpan]:
+def build_spans(runs: list[RunRow], *, now=None, capture: bool | None = None) -> list[ReadableSpan]:
     """Every span of ``runs`` (each run's own and its tool calls'), a few queries in all."""
     if not runs:
         return []
@@ -168,48 +228,47 @@ def _parent_calls(runs) -> set[tuple[int, str]]:
     return set(found)
 
 
-def _root_run_id(run: Run) -> str:
-    return run.root.run_id if run.root_id else run.run_id
+def _root_run_id(run: RunRow) -> str:
+    return run.root_run_id or run.run_id
 
 
-def _run_span(run: Run, model, started_by_call, *, res, now, capture) -> ReadableSpan:
+def _run_span(run: RunRow, model, started_by_call, *, res, now, capture) -> ReadableSpan:
     tid = trace_id(_root_run_id(run))
     parent = None
     if run.parent_id:
         if run.tool_call_id and (run.parent_id, run.tool_call_id) in started_by_call:
-            parent_span = tool_span_id(run.parent.run_id, run.tool_call_id)
+            parent_span = tool_span_id(run.parent_run_id, run.tool_call_id)
         else:
-            parent_span = run_span_id(run.parent.run_id)
+            parent_span = run_span_id(run.parent_run_id)
         parent = SpanContext(tid, parent_span, is_remote=False, trace_flags=TraceFlags.SAMPLED)
-    profile = run.profile or run.session.profile or "agent"
+    profile = run.profile or run.session_profile or "agent"
     attributes = {
         gen_ai.GEN_AI_OPERATION_NAME: gen_ai.GenAiOperationNameValues.INVOKE_AGENT.value,
         gen_ai.GEN_AI_AGENT_NAME: profile,
         gen_ai.GEN_AI_AGENT_ID: run.run_id,
-        gen_ai.GEN_AI_CONVERSATION_ID: run.session.conversation_id,
+        gen_ai.GEN_AI_CONVERSATION_ID: run.conversation_id,
         OPENINFERENCE_KIND: "AGENT",
         "canopy.depth": run.depth,
         "canopy.status": run.status,
         "canopy.via": run.via,
-        "canopy.runner": run.runner.name,
+        "canopy.runner": run.runner_name,
     }
     if model:
         attributes[gen_ai.GEN_AI_REQUEST_MODEL] = model
         attributes[gen_ai.GEN_AI_RESPONSE_MODEL] = model
-    rollup = getattr(run, "rollup", None)
-    if rollup is not None:
+    if run.tokens_in is not None:  # every run has its rollup row; seeded ones may not
         attributes.update(
             {
-                gen_ai.GEN_AI_USAGE_INPUT_TOKENS: rollup.own_tokens_in,
-                gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS: rollup.own_tokens_out,
-                gen_ai.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: rollup.own_cache_read,
-                gen_ai.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: rollup.own_cache_write,
-                COST_AMOUNT: rollup.own_cost_nanos / 1e9,
+                gen_ai.GEN_AI_USAGE_INPUT_TOKENS: run.tokens_in,
+                gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS: run.tokens_out,
+                gen_ai.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: run.cache_read,
+                gen_ai.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: run.cache_write,
+                COST_AMOUNT: run.cost_nanos / 1e9,
                 COST_CURRENCY: "USD",
                 # Phoenix's token columns (OpenInference names).
-                "llm.token_count.prompt": rollup.own_tokens_in,
-                "llm.token_count.completion": rollup.own_tokens_out,
-                "llm.token_count.total": rollup.own_tokens_in + rollup.own_tokens_out,
+                "llm.token_count.prompt": run.tokens_in,
+                "llm.token_count.completion": run.tokens_out,
+                "llm.token_count.total": run.tokens_in + run.tokens_out,
             }
         )
     if capture:
@@ -248,7 +307,7 @@ def _run_span(run: Run, model, started_by_call, *, res, now, capture) -> Readabl
     )
 
 
-def _tool_span(run: Run, call: _ToolCall, *, res, now, capture) -> ReadableSpan:
+def _tool_span(run: RunRow, call: _ToolCall, *, res, now, capture) -> ReadableSpan:
     tid = trace_id(_root_run_id(run))
     attributes = {
         gen_ai.GEN_AI_OPERATION_NAME: gen_ai.GenAiOperationNameValues.EXECUTE_TOOL.value,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -62,11 +63,19 @@ class Phoenix:
         raise AssertionError(f"Phoenix has {len(spans)} of {count} spans of trace {trace_hex}")
 
 
-@pytest.fixture(scope="session")
-def phoenix(tmp_path_factory):
-    if not PHOENIX_BIN.exists():
-        pytest.fail(f"{PHOENIX_BIN} is missing: run `make phoenix`")
-    workdir = tmp_path_factory.mktemp("phoenix")
+class _Process:
+    """``phoenix serve`` started once per session: as soon as collection knows a trace test
+    will run (``start_early``, from tests/tracing/conftest.py), so its boot (15-40 s on a
+    loaded machine, mostly its own migrations) overlaps the tests before it."""
+
+    server: Phoenix | None = None
+    process: subprocess.Popen | None = None
+    workdir = None
+
+
+def start_early(workdir) -> None:
+    if _Process.process is not None or not PHOENIX_BIN.exists():
+        return
     port, grpc_port = free_port(), free_port()
     env = {
         **os.environ,
@@ -81,11 +90,33 @@ def phoenix(tmp_path_factory):
             env.pop(name)  # Phoenix instruments itself from these; not ours to pass on
     log_path = workdir / "phoenix.log"
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(
+        _Process.process = subprocess.Popen(
             [str(PHOENIX_BIN), "serve"], cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT
         )
-    server = Phoenix(port, log_path)
-    deadline = time.monotonic() + 90
+    _Process.server = Phoenix(port, log_path)
+    _Process.workdir = workdir
+
+
+def stop() -> None:
+    process, _Process.process = _Process.process, None
+    if process is None:
+        return
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    shutil.rmtree(_Process.workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def phoenix(tmp_path_factory):
+    if not PHOENIX_BIN.exists():
+        pytest.fail(f"{PHOENIX_BIN} is missing: run `make phoenix`")
+    start_early(tmp_path_factory.mktemp("phoenix"))  # unless the conftest did already
+    server, process = _Process.server, _Process.process
+    deadline = time.monotonic() + 120
     while True:
         try:
             with urllib.request.urlopen(server.base + "/healthz", timeout=2) as answer:
@@ -94,13 +125,8 @@ def phoenix(tmp_path_factory):
         except OSError:
             pass
         if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail("phoenix serve did not start:\n" + log_path.read_text()[-3000:])
+            stop()
+            pytest.fail("phoenix serve did not start:\n" + server.log_path.read_text()[-3000:])
         time.sleep(0.25)
     yield server
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop()

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from delegation.models import Run
-from delegation.tracing import otlp, spans
+from delegation.tracing import otlp
 from delegation.tracing import sender as trace_sender
 
 
@@ -31,7 +31,7 @@ class Command(BaseCommand):
             raise CommandError(f"{root!r} is not a root run; its root is {top.run_id!r}")
         if as_json:
             pks = Run.objects.in_tree(run).values_list("pk", flat=True)
-            document = otlp.to_json(spans.build_spans(spans.runs_for_export(pks)))
+            document = otlp.trace_json(pks)
             self.stdout.write(_dumps(document))
             return
         if not settings.OTEL_EXPORT_ENABLED:
