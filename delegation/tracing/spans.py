@@ -240,7 +240,7 @@ def _run_span(run: RunRow, model, started_by_call, *, res, now, capture) -> Read
             parent_span = tool_span_id(run.parent_run_id, run.tool_call_id)
         else:
             parent_span = run_span_id(run.parent_run_id)
-        parent = SpanContext(tid, parent_span, is_remote=False, trace_flags=TraceFlags.SAMPLED)
+        parent = parent_span
     profile = run.profile or run.session_profile or "agent"
     attributes = {
         gen_ai.GEN_AI_OPERATION_NAME: gen_ai.GenAiOperationNameValues.INVOKE_AGENT.value,
@@ -290,20 +290,16 @@ def _run_span(run: RunRow, model, started_by_call, *, res, now, capture) -> Read
         status = Status(StatusCode.OK)
     else:
         status = Status(StatusCode.UNSET)
-    ended = run.finished_at or now
-    return ReadableSpan(
-        name=f"invoke_agent {profile}",
-        context=SpanContext(
-            tid, run_span_id(run.run_id), is_remote=False, trace_flags=TraceFlags.SAMPLED
-        ),
-        parent=parent,
-        resource=res,
-        attributes=attributes,
-        kind=SpanKind.INTERNAL,
-        status=status,
-        start_time=_ns(run.created_at),
-        end_time=max(_ns(ended), _ns(run.created_at)),
-        instrumentation_scope=SCOPE,
+    return _span(
+        f"invoke_agent {profile}",
+        tid,
+        run_span_id(run.run_id),
+        parent,
+        attributes,
+        status,
+        run.created_at,
+        run.finished_at or now,
+        res,
     )
 
 
@@ -335,23 +331,34 @@ def _tool_span(run: RunRow, call: _ToolCall, *, res, now, capture) -> ReadableSp
         status = Status(StatusCode.OK)
     else:
         status = Status(StatusCode.UNSET)
-    ended = call.ended or run.finished_at or now
+    return _span(
+        f"execute_tool {call.name}",
+        tid,
+        tool_span_id(run.run_id, call.call_id),
+        run_span_id(run.run_id),
+        attributes,
+        status,
+        call.started,
+        call.ended or run.finished_at or now,
+        res,
+    )
+
+
+def _span(name, tid, span_id, parent_id, attributes, status, started, ended, res):
+    """One finished span (the SDK's own type, so its encoder and exporter take it as is);
+    an end before the start (clock steps between rows) is clamped to the start."""
+    start_ns = _ns(started)
     return ReadableSpan(
-        name=f"execute_tool {call.name}",
-        context=SpanContext(
-            tid,
-            tool_span_id(run.run_id, call.call_id),
-            is_remote=False,
-            trace_flags=TraceFlags.SAMPLED,
-        ),
-        parent=SpanContext(
-            tid, run_span_id(run.run_id), is_remote=False, trace_flags=TraceFlags.SAMPLED
-        ),
+        name=name,
+        context=SpanContext(tid, span_id, is_remote=False, trace_flags=TraceFlags.SAMPLED),
+        parent=None
+        if parent_id is None
+        else SpanContext(tid, parent_id, is_remote=False, trace_flags=TraceFlags.SAMPLED),
         resource=res,
         attributes=attributes,
         kind=SpanKind.INTERNAL,
         status=status,
-        start_time=_ns(call.started),
-        end_time=max(_ns(ended), _ns(call.started)),
+        start_time=start_ns,
+        end_time=max(_ns(ended), start_ns),
         instrumentation_scope=SCOPE,
     )
