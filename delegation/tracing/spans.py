@@ -256,33 +256,9 @@ def _run_span(run: RunRow, model, started_by_call, *, res, now, capture) -> Read
     if model:
         attributes[gen_ai.GEN_AI_REQUEST_MODEL] = model
         attributes[gen_ai.GEN_AI_RESPONSE_MODEL] = model
-    if run.tokens_in is not None:  # every run has its rollup row; seeded ones may not
-        attributes.update(
-            {
-                gen_ai.GEN_AI_USAGE_INPUT_TOKENS: run.tokens_in,
-                gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS: run.tokens_out,
-                gen_ai.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: run.cache_read,
-                gen_ai.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: run.cache_write,
-                COST_AMOUNT: run.cost_nanos / 1e9,
-                COST_CURRENCY: "USD",
-                # Phoenix's token columns (OpenInference names).
-                "llm.token_count.prompt": run.tokens_in,
-                "llm.token_count.completion": run.tokens_out,
-                "llm.token_count.total": run.tokens_in + run.tokens_out,
-            }
-        )
+    attributes.update(_usage_attributes(run))
     if capture:
-        message = (run.request or {}).get("message") if isinstance(run.request, dict) else None
-        if isinstance(message, str):
-            attributes[gen_ai.GEN_AI_INPUT_MESSAGES] = json.dumps(
-                [{"role": "user", "parts": [{"type": "text", "content": message}]}]
-            )
-            attributes["input.value"] = message
-        if run.output:
-            attributes[gen_ai.GEN_AI_OUTPUT_MESSAGES] = json.dumps(
-                [{"role": "assistant", "parts": [{"type": "text", "content": run.output}]}]
-            )
-            attributes["output.value"] = run.output
+        attributes.update(_content_attributes(run))
     if run.status in ERROR_STATUSES:
         status = Status(StatusCode.ERROR, (run.error or run.status)[:500])
         attributes["error.type"] = run.status
@@ -301,6 +277,43 @@ def _run_span(run: RunRow, model, started_by_call, *, res, now, capture) -> Read
         run.finished_at or now,
         res,
     )
+
+
+def _usage_attributes(run: RunRow) -> dict:
+    attributes = {}
+    if run.tokens_in is not None:  # every run has its rollup row; seeded ones may not
+        attributes.update(
+            {
+                gen_ai.GEN_AI_USAGE_INPUT_TOKENS: run.tokens_in,
+                gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS: run.tokens_out,
+                gen_ai.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: run.cache_read,
+                gen_ai.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: run.cache_write,
+                COST_AMOUNT: run.cost_nanos / 1e9,
+                COST_CURRENCY: "USD",
+                # Phoenix's token columns (OpenInference names).
+                "llm.token_count.prompt": run.tokens_in,
+                "llm.token_count.completion": run.tokens_out,
+                "llm.token_count.total": run.tokens_in + run.tokens_out,
+            }
+        )
+    return attributes
+
+
+def _content_attributes(run: RunRow) -> dict:
+    """Message text: only with OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT."""
+    attributes = {}
+    message = (run.request or {}).get("message") if isinstance(run.request, dict) else None
+    if isinstance(message, str):
+        attributes[gen_ai.GEN_AI_INPUT_MESSAGES] = json.dumps(
+            [{"role": "user", "parts": [{"type": "text", "content": message}]}]
+        )
+        attributes["input.value"] = message
+    if run.output:
+        attributes[gen_ai.GEN_AI_OUTPUT_MESSAGES] = json.dumps(
+            [{"role": "assistant", "parts": [{"type": "text", "content": run.output}]}]
+        )
+        attributes["output.value"] = run.output
+    return attributes
 
 
 def _tool_span(run: RunRow, call: _ToolCall, *, res, now, capture) -> ReadableSpan:

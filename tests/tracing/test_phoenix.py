@@ -22,6 +22,7 @@ def test_it_shows_a_tree_in_phoenix_as_one_trace_of_agents_and_tools(
     daphne_factory,
     settings,
 ):
+    # Long on purpose: one Phoenix trace, read back once, checked attribute by attribute.
     # This process ends the runs (queueing their export); the server's upkeep loop sends.
     settings.OTEL_EXPORT_ENABLED = True
     settings.OTEL_TRACES_URL = phoenix.traces_url
