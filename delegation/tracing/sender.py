@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 from channels.db import database_sync_to_async
@@ -25,6 +26,7 @@ from delegation.tracing import otlp, queue, spans
 log = logging.getLogger(__name__)
 
 _exporters: dict[str, object] = {}
+OPEN_RUNS_EVERY_SECONDS = 5.0
 
 
 def exporter():
@@ -101,10 +103,14 @@ def send_tree(root: Run, target=None) -> tuple[int, bool]:
 async def export_forever():
     """The upkeep loop's export task: queue long-open runs, then send due batches back to
     back until the queue is empty or a request fails (then wait out the backoff)."""
+    looked_at = 0.0
     while True:
         await asyncio.sleep(settings.MAINTENANCE_INTERVAL_SECONDS)
         try:
-            await database_sync_to_async(queue.queue_open_runs)()
+            # Long-open runs are a minutes-scale question: not every tick's query.
+            if time.monotonic() - looked_at >= OPEN_RUNS_EVERY_SECONDS:
+                looked_at = time.monotonic()
+                await database_sync_to_async(queue.queue_open_runs)()
             while (batch := await database_sync_to_async(take_batch)()) is not None:
                 ok = await asyncio.to_thread(send, batch)
                 delay = await database_sync_to_async(finish)(batch, ok)
