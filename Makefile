@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install agents run serve test test-postgres lint wheel-check format bench clean clean-agents
+.PHONY: install agents run serve test test-postgres lint wheel-check format bench clean clean-agents phoenix
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -90,3 +90,19 @@ clean:
 # Also drop the installed agent CLIs (make agents brings them back).
 clean-agents:
 	rm -rf $(AGENTS_DIR)
+
+# Arize Phoenix, the real OTLP backend the trace-export tests (tests/tracing/) send to and read
+# back from. Heavy, and its pins conflict with the project's, so it lives in its own venv; the
+# tests start `.phoenix-venv/bin/phoenix serve` themselves on a free loopback port.
+PHOENIX_VENV := .phoenix-venv
+PHOENIX_VERSION := 20.26.1
+PHOENIX_STAMP := $(PHOENIX_VENV)/.installed-$(PHOENIX_VERSION)
+
+$(PHOENIX_STAMP):
+	@test -x $(PHOENIX_VENV)/bin/python || $(PYTHON) -m venv $(PHOENIX_VENV)
+	$(PHOENIX_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PHOENIX_VENV)/bin/python -m pip install --quiet 'arize-phoenix==$(PHOENIX_VERSION)'
+	@rm -f $(PHOENIX_VENV)/.installed-*
+	@touch $(PHOENIX_STAMP)
+
+phoenix: $(PHOENIX_STAMP)

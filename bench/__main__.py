@@ -4,7 +4,8 @@ python -m bench                # everything
 python -m bench ingest read    # a subset (``rollups``: only the rollups on/off comparison)
 
 Each measure is its own module (``bench.ingest``, ``bench.read``, ``bench.push``,
-``bench.memory``, ``bench.tree``, ``bench.budget_stop``, ``bench.mcp``, ``bench.sandbox``); ``bench.table`` holds the figures.
+``bench.memory``, ``bench.tree``, ``bench.budget_stop``, ``bench.mcp``, ``bench.sandbox``,
+``bench.traces``); ``bench.table`` holds the figures.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import sys
 import time
 
-from bench import budget_stop, ingest, memory, push, read, sandbox, tree
+from bench import budget_stop, ingest, memory, push, read, sandbox, traces, tree
 from bench.servers import ROOT
 from bench.table import machine, notes, report, results
 
@@ -32,10 +33,23 @@ STEPS = {
     "tree100k": tree.tree100k,
     "stop": budget_stop.stop,
     "sandbox": sandbox.measure,
+    # Issue 27: trace export throughput, and ingest with export on vs off.
+    "traces": traces.traces,
+    "traces_export": traces.export_throughput,
 }
 
 
-DEFAULT_STEPS = ["ingest", "read", "push", "memory", "tree", "tree100k", "stop", "sandbox"]
+DEFAULT_STEPS = [
+    "ingest",
+    "read",
+    "push",
+    "memory",
+    "tree",
+    "tree100k",
+    "stop",
+    "sandbox",
+    "traces",
+]
 
 
 def main(argv: list[str]):

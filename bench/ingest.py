@@ -26,16 +26,20 @@ async def _ingest(url: str, tokens: list[str]) -> float:
     return statistics.median(rates)
 
 
-async def _race(url: str, tokens: list[str], prepare) -> float:
+async def _race(url: str, tokens: list[str], prepare, send=None) -> float:
     """Events per second with every runner sending at once: each connects and ``prepare``s
     its run (returning the run id and a frame's events), then all send INGEST_FRAMES frames
-    together, each frame waiting for the last one's answer as a runner's does."""
+    together, each frame waiting for the last one's answer as a runner's does. ``send(run,
+    frame, events)``, if given, sends each frame instead (bench.traces: runs that end)."""
 
     async def one(index: int, token: str):
         runner = await Runner.connect(url, token)
         run_id, events = await prepare(index, runner)
         await ready.wait()
         for frame in range(INGEST_FRAMES):
+            if send is not None:
+                await send(run_id, frame, events)
+                continue
             await runner.call(
                 "run.event", {"runId": run_id, "from": frame * INGEST_BATCH + 1, "events": events}
             )

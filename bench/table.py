@@ -51,6 +51,10 @@ TARGETS = [
     ("budget_overshoot_pct_redis_down", None, None),
     ("operator_cancel_delivery_ms_redis_up", "<=", 1000),
     ("operator_cancel_delivery_ms_redis_down", None, None),
+    # Issue 27: export costs ingest at most 10%; a 10,000-run tree leaves within a minute.
+    ("ingest_sqlite_trace_export_ratio", ">=", 0.9),
+    ("trace_export_spans_per_s", None, None),
+    ("trace_export_10k_runs_seconds", "<=", 60),
 ]
 
 

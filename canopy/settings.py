@@ -388,3 +388,35 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "WARNING")},
 }
+
+# --- Trace export (SPEC §12, issue 27) ---------------------------------------------------------
+
+# The standard OpenTelemetry variables. Off unless an endpoint is set: the traces endpoint is
+# used as given; the base endpoint gets /v1/traces appended (the OTLP/HTTP rule).
+OTEL_EXPORTER_OTLP_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+OTEL_TRACES_URL = OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or (
+    OTEL_EXPORTER_OTLP_ENDPOINT.rstrip("/") + "/v1/traces" if OTEL_EXPORTER_OTLP_ENDPOINT else ""
+)
+if OTEL_TRACES_URL and not OTEL_TRACES_URL.startswith(("http://", "https://")):
+    raise ImproperlyConfigured(
+        f"the OTLP traces endpoint must be an http(s) URL: {OTEL_TRACES_URL!r}"
+    )
+OTEL_EXPORT_ENABLED = bool(OTEL_TRACES_URL)
+# "key=value,key2=value2" (values URL-encoded), the traces-specific one overriding the other
+# per key; secrets belong here (an API key), so they are never logged.
+OTEL_EXPORTER_OTLP_HEADERS = env_str("OTEL_EXPORTER_OTLP_HEADERS", "")
+OTEL_EXPORTER_OTLP_TRACES_HEADERS = env_str("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "")
+OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "").strip() or "canopy"
+# Message text (the request, the output, tool arguments and results) only when asked for.
+OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT = env_bool(
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", False
+)
+# A run still open after this long has its spans so far queued (sent again, complete, at its end).
+OTEL_EXPORT_OPEN_AFTER_SECONDS = env_float("OTEL_EXPORT_OPEN_AFTER_SECONDS", 300.0, minimum=1)
+# Runs whose spans go in one OTLP request, and the retry backoff of a failed request.
+OTEL_EXPORT_BATCH_RUNS = env_int("OTEL_EXPORT_BATCH_RUNS", 200, minimum=1)
+OTEL_EXPORT_RETRY_FIRST_SECONDS = env_float("OTEL_EXPORT_RETRY_FIRST_SECONDS", 2.0, minimum=0.01)
+OTEL_EXPORT_RETRY_MAX_SECONDS = env_float("OTEL_EXPORT_RETRY_MAX_SECONDS", 300.0, minimum=0.01)
+# One OTLP request gives up after this long (the exporter's own retries included).
+OTEL_EXPORT_TIMEOUT_SECONDS = env_float("OTEL_EXPORT_TIMEOUT_SECONDS", 10.0, minimum=0.1)

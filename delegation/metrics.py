@@ -78,6 +78,11 @@ PUSH_SECONDS = Histogram(
     "From an event's commit to its frame leaving a live socket (live pushes only)",
     buckets=LATENCY_BUCKETS,
 )
+TRACE_SPANS = Counter(
+    "canopy_trace_spans_exported",
+    "Spans sent to the OTLP collector by outcome: sent, failed (queued again with backoff)",
+    ["outcome"],
+)
 LIVE_SOCKETS = Gauge(
     "canopy_live_sockets",
     "Open, authorised live sockets (/ws/live/)",
@@ -105,6 +110,10 @@ def webhook_outcome(outcome: str) -> None:
     WEBHOOK_OUTCOMES.labels(outcome=outcome).inc()
 
 
+def traces_exported(count: int, outcome: str) -> None:
+    TRACE_SPANS.labels(outcome=outcome).inc(count)
+
+
 def pushed(created_ms: int | None) -> None:
     if created_ms is None:
         return
@@ -117,7 +126,7 @@ class DatabaseCollector:
     """State read from the database at scrape time (the same answer from every process)."""
 
     def collect(self):
-        from django.db.models import Count
+        from django.db.models import Count, Q
 
         from delegation.models import (
             DeliveryState,
@@ -125,6 +134,7 @@ class DatabaseCollector:
             Runner,
             RunnerState,
             RunStatus,
+            TraceExport,
             WebhookDelivery,
         )
 
@@ -158,6 +168,23 @@ class DatabaseCollector:
         for state in DeliveryState.values:
             deliveries.add_metric([state], states.get(state, 0))
         yield deliveries
+
+        # Trace export (SPEC §12): runs whose spans wait, wait after a failed request, or
+        # were sent.
+        traces = GaugeMetricFamily(
+            "canopy_trace_export_queue",
+            "Runs in the trace export queue by state (pending, failing: pending after a "
+            "failed request, sent)",
+            labels=["state"],
+        )
+        queued = TraceExport.objects.aggregate(
+            pending=Count("pk", filter=Q(sent=False)),
+            failing=Count("pk", filter=Q(sent=False, attempts__gt=0)),
+            sent=Count("pk", filter=Q(sent=True)),
+        )
+        for state in ("pending", "failing", "sent"):
+            traces.add_metric([state], queued[state] or 0)
+        yield traces
 
 
 _PID_FILE = re.compile(r"_(\d+)\.db$")

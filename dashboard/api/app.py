@@ -1,6 +1,16 @@
 """The REST API object: built here, with every resource's router added; ``urls`` mounts it."""
 
-from dashboard.api import alerts, audit, leases, run_actions, runners, runs, sessions  # noqa: F401
+# traces adds GET /runs/{runId}/trace (SPEC §12) to the runs router.
+from dashboard.api import (  # noqa: F401
+    alerts,
+    audit,
+    leases,
+    run_actions,
+    runners,
+    runs,
+    sessions,
+    traces,
+)
 from dashboard.api.core import AUTH, ERRORS_DOC, CanopyAPI, StrictParser, install_error_handlers
 
 DESCRIPTION = (

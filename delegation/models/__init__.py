@@ -33,6 +33,7 @@ from delegation.models.runs import (
     RunVia,
     Session,
 )
+from delegation.models.tracing import TraceExport
 from delegation.models.usage import Budget, RunRollup
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "RunnerState",
     "Session",
     "SteerReceipt",
+    "TraceExport",
     "Webhook",
     "WebhookAttempt",
     "WebhookDelivery",

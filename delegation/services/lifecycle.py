@@ -23,6 +23,7 @@ from delegation.selectors import RESULT_RELATED, snapshot
 from delegation.services import alerts, rollups
 from delegation.services.base import task_of
 from delegation.services.outbox import enqueue
+from delegation.tracing import queue as trace_queue
 from delegation.wire import confine_cwd
 
 # The Result fields that name a run: what child.execute / run.execute carry as ``identity``.
@@ -157,3 +158,4 @@ def mark_finished(run: Run, status: str, *, error: str = "", output: str | None 
     rollups.status_changed(run, old, status)
     notify.run_changed(run)
     alerts.run_finished(run)
+    trace_queue.run_ended(run)

@@ -9,6 +9,8 @@ from django.core.management.base import BaseCommand
 
 from delegation import webhooks
 from delegation.services import sweep
+from delegation.tracing import queue as trace_queue
+from delegation.tracing import sender as trace_sender
 
 
 class Command(BaseCommand):
@@ -40,6 +42,22 @@ class Command(BaseCommand):
                 if sender.outcomes:
                     self.stdout.write(f"webhook deliveries: {sender.outcomes}")
                     sender.outcomes.clear()
+                if settings.OTEL_EXPORT_ENABLED:
+                    # Trace export (SPEC §12) on a worker thread: a down collector holds
+                    # this loop for at most one request's timeout.
+                    await database_sync_to_async(trace_queue.queue_open_runs)()
+                    sent, failed = await asyncio.to_thread(_drain_traces)
+                    if sent or failed:
+                        self.stdout.write(f"trace spans sent: {sent}; failed batches: {failed}")
                 if once:
                     return
                 await asyncio.sleep(settings.MAINTENANCE_INTERVAL_SECONDS)
+
+
+def _drain_traces():
+    from django.db import close_old_connections
+
+    try:
+        return trace_sender.drain()
+    finally:
+        close_old_connections()
