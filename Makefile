@@ -58,11 +58,11 @@ serve: install $(DEV_KEY)
 	$(KEYED) $(PY) -m canopy.serving $(HOST) $(PORT)
 
 # CANOPY_NO_SKIPS=1 makes a skipped test fail (as .ci/run does); -rs lists skips either way.
-test: install agents
+test: install agents phoenix
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The same suite on the scale-out backends (the machine's PostgreSQL and Redis).
-test-postgres: install agents
+test-postgres: install agents phoenix
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} \
 	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} \
 	$(PY) -m pytest $(PYTEST_ARGS)
