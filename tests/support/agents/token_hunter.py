@@ -112,14 +112,14 @@ def read_memory(pid: int) -> int:
     return total
 
 
-def walk(root: str) -> int:
+def walk(root: str, limit: int = MAX_FILE) -> int:
     files = 0
     for directory, _dirs, names in os.walk(root):
         for name in names:
             path = os.path.join(directory, name)
             if os.path.islink(path) or not os.path.isfile(path):
                 continue
-            data = read(path)
+            data = read(path, limit)
             if data is not None:
                 files += 1
                 hunt(path, data)
@@ -143,7 +143,9 @@ for path in glob.glob("/proc/[0-9]*/environ") + glob.glob("/proc/[0-9]*/cmdline"
     if data is not None:
         hunt(path, data)
 parent_memory = read_memory(ppid) if args.memory else 0
-tmp_files = walk("/tmp")
+# The head of each file under /tmp: other programs' caches there (an agent CLI's unpacked
+# binaries, hundreds of MB) took the hunt past its test's timeout; tokens sit in small files.
+tmp_files = walk("/tmp", 4 * 1024 * 1024)
 data_files = walk(args.data_dir) if args.data_dir else 0
 try:
     with open(os.path.join(args.outside, "planted"), "w") as fh:
