@@ -33,6 +33,8 @@ def snapshot(run: Run, events=()) -> dict:
         "events": [event_wire(event) for event in events],
         "depth": run.depth,
         "status": run.status,
+        # SPEC §9 Conclusions: null until the run concludes.
+        "conclusion": run.conclusion,
     }
 
 

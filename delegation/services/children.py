@@ -497,6 +497,28 @@ def read_child(caller: Caller | Connection, params: Params) -> dict:
 
 
 @retry_conflicts
+def read_children(caller: Caller | Connection, many: list[Params]) -> tuple[list[dict], list[int]]:
+    """Each child's ``Result`` without events (``await_children``), by ``read_child``'s
+    ownership rule; with the children's run pks, whose doorbells the join waits on.
+
+    A child the caller does not own refuses the whole call (−32003) naming its place in the
+    list, and answers nothing about the others."""
+    caller = as_caller(caller)
+    with transaction.atomic():
+        results, run_pks = [], []
+        for index, params in enumerate(many):
+            try:
+                _auth, child = _owned_child(caller, params)
+            except RpcError as error:
+                if error.code != NOT_OWNED:
+                    raise
+                raise RpcError(NOT_OWNED, f"childIds[{index}]: {error.message}") from None
+            results.append(snapshot(child))
+            run_pks.append(child.pk)
+        return results, run_pks
+
+
+@retry_conflicts
 def cancel_child(caller: Caller | Connection, params: Params) -> dict:
     caller = as_caller(caller)
     with transaction.atomic():
