@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
+from django.db.models.fields.json import KT
 
 from delegation.models import Event, Run, RunStatus, Session, SteerReceipt
 from delegation.selectors.events import millis
@@ -180,6 +181,8 @@ def run_row_fields():
         "createdAt": F("created_at"),
         "updatedAt": F("updated_at"),
         "finishedAt": F("finished_at"),
+        # SPEC §9: the conclusion's status alone (a tree row's mark); the detail has it all.
+        "conclusionStatus": KT("conclusion__status"),
     }
 
 
