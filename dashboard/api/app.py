@@ -1,6 +1,15 @@
 """The REST API object: built here, with every resource's router added; ``urls`` mounts it."""
 
-from dashboard.api import alerts, audit, leases, run_actions, runners, runs, sessions  # noqa: F401
+from dashboard.api import (  # noqa: F401
+    alerts,
+    audit,
+    children,  # noqa: F401  (issue 24: adds /runs/{runId}/children)
+    leases,
+    run_actions,
+    runners,
+    runs,
+    sessions,
+)
 from dashboard.api.core import AUTH, ERRORS_DOC, CanopyAPI, StrictParser, install_error_handlers
 
 DESCRIPTION = (

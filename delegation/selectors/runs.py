@@ -212,11 +212,13 @@ def subtree_row_values(runs, usage: bool = False):
     return runs.values(*_RUN_ROW_COLUMNS, **_run_row_fields(), **extra)
 
 
-def run_rows(runs):
-    """Compact run rows for lists, joined in the same query (one query per page)."""
+def run_rows(runs, *columns: str):
+    """Compact run rows for lists, joined in the same query (one query per page); ``columns``
+    adds more of the run's own (the children list adds output and conclusion)."""
 
     return runs.values(
         *_RUN_ROW_COLUMNS,
+        *columns,
         "root_id",
         parentConversationId=F("session__parent__conversation_id"),
         parentRunId=F("parent__run_id"),
