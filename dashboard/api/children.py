@@ -6,11 +6,11 @@ from django.utils import timezone
 from ninja import Query, Schema
 from pydantic import Field
 
-from dashboard.api.core import DEFAULT_LIMIT, LIST, keyset_page, strict_query
+from dashboard.api.core import DEFAULT_LIMIT, READ, keyset_page, strict_query
 from dashboard.api.rows import find_run, run_item
-from dashboard.api.runs import RunCursor, router
+from dashboard.api.runs import router
 from dashboard.api.schemas.children import ChildPage
-from dashboard.api.schemas.common import LimitParam
+from dashboard.api.schemas.common import LimitParam, cursor_param
 from delegation import selectors
 from delegation.models import RunStatus
 
@@ -19,13 +19,13 @@ class ChildFilters(Schema):
     status: list[RunStatus] = Field(
         default=None, description="Repeat for several: ?status=succeeded&status=failed"
     )
-    cursor: RunCursor = None
+    cursor: cursor_param("r") = None
     limit: LimitParam = DEFAULT_LIMIT
 
 
 @router.get(
     "/runs/{runId}/children",
-    response={200: ChildPage, **LIST},
+    response={200: ChildPage, **READ},
     summary="A run's direct children, newest first, with their output and conclusion",
     description="The children a run started (every run of theirs, after a resume too), "
     "filtered by `status`; keyset-paginated like `/api/runs`. 404 for an unknown run.",
