@@ -71,6 +71,17 @@ def _tree(root_id: str) -> tuple[Run, list[Run]]:
     return root, list(Run.objects.filter(parent=root).order_by("request_id"))
 
 
+async def _fan_out(server, tmp_path, mode: str):
+    """The scripted three-child fan-out, run to its end: (script, model turns, parent, children)."""
+    script = FanOutScript(mode)
+    async with Host(server, tmp_path, script) as fan:
+        root = await fan.host.open_root(PARENT_TASK, profile="claude")
+        await fan.host.wait(root.run_id, timeout=200)
+        turns = fan.stub.turns
+    parent, children = await sync_to_async(_tree)(root.run_id)
+    return script, turns, parent, children
+
+
 def _kinds(run: Run) -> list[str]:
     return list(Event.objects.filter(run=run).order_by("sequence").values_list("kind", flat=True))
 
@@ -78,12 +89,7 @@ def _kinds(run: Run) -> list[str]:
 async def test_it_fans_out_three_claude_code_children_and_joins_them_with_a_quorum_then_all(
     daphne_server, tmp_path
 ):
-    script = FanOutScript("await")
-    async with Host(daphne_server, tmp_path, script) as fan:
-        root = await fan.host.open_root(PARENT_TASK, profile="claude")
-        await fan.host.wait(root.run_id, timeout=200)
-        turns = fan.stub.turns
-    parent, children = await sync_to_async(_tree)(root.run_id)
+    script, turns, parent, children = await _fan_out(daphne_server, tmp_path, "await")
     assert parent.status == "succeeded", parent.error
     assert [c.request_id for c in children] == ["part-0", "part-1", "part-2"]
     for part, child in enumerate(children):
@@ -160,12 +166,7 @@ async def test_it_spends_more_parent_turns_when_the_same_fan_out_polls_read_chil
 ):
     # The same task joined by read_child (each call waits up to 50 s for the child's next
     # event or its end): every answer is a model turn, and each carries events.
-    script = FanOutScript("poll")
-    async with Host(daphne_server, tmp_path, script) as fan:
-        root = await fan.host.open_root(PARENT_TASK, profile="claude")
-        await fan.host.wait(root.run_id, timeout=200)
-        turns = fan.stub.turns
-    parent, children = await sync_to_async(_tree)(root.run_id)
+    _script, turns, parent, children = await _fan_out(daphne_server, tmp_path, "poll")
     assert parent.status == "succeeded" and len(children) == 3, parent.error
     assert all(c.conclusion is not None for c in children)
     polled = spend(turns)

@@ -14,7 +14,14 @@ from delegation import selectors
 from delegation.errors import DEPTH_LIMIT, NOT_OWNED
 from delegation.models import AuditEntry, Event, Run, RunVia
 from delegation.services import tokens
-from tests.support.mcp_tools import LiveRunner, mcp_session, post_status, server_db_connections
+from tests.support.mcp_tools import (
+    LiveRunner,
+    connections_held,
+    mcp_session,
+    post_status,
+    server_db_connections,
+    waiting_calls,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -287,33 +294,9 @@ async def test_it_holds_no_database_connection_for_50_waiting_reads(daphne_facto
             await asyncio.sleep(0.5)
             idle = await sync_to_async(server_db_connections)(server)
             rss_before = _rss_kib(server)
-            waiting: set[int] = set()
-
-            def progress_of(index):
-                async def on_progress(value, total, message):
-                    waiting.add(index)
-
-                return on_progress
-
-            reads = [
-                asyncio.ensure_future(
-                    mcp.call_tool(
-                        "read_child",
-                        {"childId": child_id, "waitSeconds": 40},
-                        progress_callback=progress_of(index),
-                    )
-                )
-                for index in range(50)
-            ]
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 30
-            while len(waiting) < 50 and loop.time() < deadline:
-                await asyncio.sleep(0.05)
-            assert len(waiting) == 50, f"only {len(waiting)} reads are waiting"
-            held = []
-            for _ in range(5):
-                held.append(await sync_to_async(server_db_connections)(server))
-                await asyncio.sleep(0.2)
+            arguments = {"childId": child_id, "waitSeconds": 40}
+            reads = await waiting_calls(mcp, "read_child", arguments)
+            held = await connections_held(server)
             rss_waiting = _rss_kib(server)
             assert not any(r.done() for r in reads)
             await live.client.emit(run_id, {"kind": "text", "text": "wake"})

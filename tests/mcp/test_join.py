@@ -12,7 +12,7 @@ from asgiref.sync import sync_to_async
 from delegation.errors import INVALID_PARAMS, NOT_OWNED
 from delegation.models import AuditEntry, Event, Run
 from delegation.services import tokens
-from tests.support.mcp_tools import LiveRunner, mcp_session, server_db_connections
+from tests.support.mcp_tools import LiveRunner, connections_held, mcp_session, waiting_calls
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -163,33 +163,9 @@ async def test_it_holds_no_database_connection_for_50_waiting_joins(daphne_facto
         async with mcp_session(issued["url"], issued["token"]) as mcp:
             children = await _fan_out(live, mcp, 2)
             ids = [c["conversationId"] for c in children]
-            waiting: set[int] = set()
-
-            def progress_of(index):
-                async def on_progress(value, total, message):
-                    waiting.add(index)
-
-                return on_progress
-
-            joins = [
-                asyncio.ensure_future(
-                    mcp.call_tool(
-                        "await_children",
-                        {"childIds": ids, "mode": "all", "waitSeconds": 40},
-                        progress_callback=progress_of(index),
-                    )
-                )
-                for index in range(50)
-            ]
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 30
-            while len(waiting) < 50 and loop.time() < deadline:
-                await asyncio.sleep(0.05)
-            assert len(waiting) == 50, f"only {len(waiting)} joins are waiting"
-            held = []
-            for _ in range(5):
-                held.append(await sync_to_async(server_db_connections)(server))
-                await asyncio.sleep(0.2)
+            arguments = {"childIds": ids, "mode": "all", "waitSeconds": 40}
+            joins = await waiting_calls(mcp, "await_children", arguments)
+            held = await connections_held(server)
             assert not any(j.done() for j in joins)
             for child in children:
                 await _finish(live, child, "ok")

@@ -125,3 +125,37 @@ def server_db_connections(server) -> int:
     # SQLite: every connection keeps the database file open in the process.
     database = os.path.realpath(connection.settings_dict["NAME"])
     return sum(1 for link in fds if link == database)
+
+
+async def waiting_calls(mcp, tool: str, arguments: dict, n: int = 50, timeout: float = 30):
+    """``n`` concurrent calls of ``tool``, returned once every one has sent a progress
+    notification (so each is waiting on the server, not queued on the way to it)."""
+    waiting: set[int] = set()
+
+    def progress_of(index):
+        async def on_progress(value, total, message):
+            waiting.add(index)
+
+        return on_progress
+
+    calls = [
+        asyncio.ensure_future(mcp.call_tool(tool, arguments, progress_callback=progress_of(index)))
+        for index in range(n)
+    ]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while len(waiting) < n and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    assert len(waiting) == n, f"only {len(waiting)} of {n} {tool} calls are waiting"
+    return calls
+
+
+async def connections_held(server, samples: int = 5) -> list[int]:
+    """The server's database connections, sampled ``samples`` times 0.2 s apart."""
+    from asgiref.sync import sync_to_async
+
+    held = []
+    for _ in range(samples):
+        held.append(await sync_to_async(server_db_connections)(server))
+        await asyncio.sleep(0.2)
+    return held
