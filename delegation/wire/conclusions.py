@@ -8,6 +8,7 @@ import: the runner, the formats and the server all read this module.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Annotated, Any, Literal
@@ -26,6 +27,9 @@ MAX_SUMMARY_BYTES = 16 * KIB
 MAX_TEXT_BYTES = 4 * KIB
 MAX_ARTIFACTS = 64
 MAX_FOLLOW_UPS = 32
+# The whole conclusion, as stored JSON: it is also a conclusion event's input, which the
+# stream keeps to 32 KiB a field, and it rides on every Result of the run.
+MAX_CONCLUSION_BYTES = 32 * KIB
 
 
 def _text(limit: int):
@@ -80,6 +84,15 @@ class Conclusion(Strict):
     confidence: Annotated[float, Field(ge=0, le=1), AfterValidator(_confidence)] = Field(
         default=None
     )
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Conclusion:
+        size = utf8_len(json.dumps(self.stored(), ensure_ascii=False, separators=(",", ":")))
+        if size > MAX_CONCLUSION_BYTES:
+            raise ValueError(
+                f"a conclusion must be at most {MAX_CONCLUSION_BYTES} bytes as JSON, got {size}"
+            )
+        return self
 
     def stored(self) -> dict:
         """The stored (and answered) shape: every list present, ``confidence`` when given."""

@@ -34,7 +34,7 @@ conclusions = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(conclusions)
 def test_it_round_trips_every_valid_conclusion_through_the_schema_and_the_block(raw):
     stored = parse_conclusion(raw)
@@ -68,6 +68,10 @@ def test_it_round_trips_every_valid_conclusion_through_the_schema_and_the_block(
             "conclusion.artifacts[0].url",
         ),
         ({"status": "done", "summary": "x", "confidence": None}, "conclusion.confidence"),
+        (
+            {"status": "done", "summary": "x", "followUp": ["y" * 4000] * 9},
+            "conclusion: a conclusion must be at most 32768 bytes",
+        ),
     ],
 )
 def test_it_refuses_an_invalid_conclusion_naming_the_field(raw, named):
