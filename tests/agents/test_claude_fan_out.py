@@ -82,6 +82,15 @@ async def _fan_out(server, tmp_path, mode: str):
     return script, turns, parent, children
 
 
+def _reported_usage(run: Run) -> dict:
+    """What Claude Code itself reported for the run (its usage events): tokens in and out."""
+    usage = list(Event.objects.filter(run=run, kind="usage").values_list("input", flat=True))
+    return {
+        "usageInputTokens": sum(u["inputTokens"] for u in usage),
+        "usageOutputTokens": sum(u["outputTokens"] for u in usage),
+    }
+
+
 def _kinds(run: Run) -> list[str]:
     return list(Event.objects.filter(run=run).order_by("sequence").values_list("kind", flat=True))
 
@@ -128,7 +137,8 @@ async def test_it_fans_out_three_claude_code_children_and_joins_them_with_a_quor
     assert kinds[-2:] == ["result", "conclusion"] or kinds.count("conclusion") == 1, kinds
     # Two join calls, no read_child polling: the parent's model spent one turn per call.
     parent_turns = spend(turns)
-    print(f"\nawait_children fan-out, the parent's model: {parent_turns}")
+    reported = await sync_to_async(_reported_usage)(parent)
+    print(f"\nawait_children fan-out, the parent's model: {parent_turns} {reported}")
     assert parent_turns["turns"] == AWAIT_TURNS, parent_turns
     assert sum(1 for t in turns for u in t.tool_uses if u.get("name") == AWAIT) >= 2
     assert any(u.get("name") == CONCLUDE for t in turns for u in t.tool_uses)
@@ -170,5 +180,6 @@ async def test_it_spends_more_parent_turns_when_the_same_fan_out_polls_read_chil
     assert parent.status == "succeeded" and len(children) == 3, parent.error
     assert all(c.conclusion is not None for c in children)
     polled = spend(turns)
-    print(f"\nread_child fan-out, the parent's model: {polled}")
+    reported = await sync_to_async(_reported_usage)(parent)
+    print(f"\nread_child fan-out, the parent's model: {polled} {reported}")
     assert polled["turns"] > AWAIT_TURNS, polled
