@@ -63,3 +63,17 @@ def test_it_shows_the_conclusion_on_the_run_detail_and_the_run_lists(api, world)
 def test_it_refuses_the_children_list_to_a_user_without_a_role(as_, world):
     assert as_("outsider", "token").get("/api/runs/root-1/children").status_code == 403
     assert as_("anonymous", None).get("/api/runs/root-1/children").status_code == 401
+
+
+def test_it_marks_tree_rows_with_the_conclusion_status(api, world):
+    from delegation import selectors
+    from delegation.models import Run
+
+    rpc.finish_run(world.conn, {"runId": world.child["runId"], "output": BLOCK})
+    root = Run.objects.get(run_id="root-1")
+    rows = {row["runId"]: row for row in selectors.tree_rows(root)}
+    assert rows[world.child["runId"]]["conclusionStatus"] == "partial"
+    assert rows["root-1"]["conclusionStatus"] is None
+    columns, _last, _keep = selectors.tree_chunk(root.pk)
+    marks = dict(zip(columns["runId"], columns["conclusionStatus"], strict=True))
+    assert marks[world.child["runId"]] == "partial" and marks["root-1"] is None
