@@ -28,6 +28,8 @@ SERVER_EVENT_KINDS = frozenset(
         # SPEC §10: stored on a budget's run at 80% of a limit, and when a limit is crossed.
         "budget-warning",
         "budget-exceeded",
+        # SPEC §9: a run's stored conclusion (the conclude tool or a canopy-conclusion block).
+        "conclusion",
     }
 )
 

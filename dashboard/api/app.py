@@ -4,6 +4,7 @@
 from dashboard.api import (  # noqa: F401
     alerts,
     audit,
+    children,  # issue 24: adds /runs/{runId}/children
     leases,
     run_actions,
     runners,

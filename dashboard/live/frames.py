@@ -228,6 +228,7 @@ class TreeRow(_Out):
     budget: TreeBudget | None
     task: str
     activity: str
+    conclusion_status: str | None = Field(default=None, alias="conclusionStatus")
 
 
 class TreeFrame(_Out):

@@ -52,6 +52,7 @@ def _fingerprint(row: dict) -> tuple:
         row["cancelRequested"],
         row["finishedAt"],
         row["activity"],
+        row.get("conclusionStatus"),
         tuple((lease["leaseId"], lease["expiresAt"]) for lease in row["leases"]),
         tuple(row["usage"].values()),
         repr(row["budget"]),

@@ -55,6 +55,7 @@ from delegation.client.errors import (
     StaleConnection,
     error_from_wire,
 )
+from delegation.client.joins import JoinResult
 from delegation.client.shapes import (
     EmitAck,
     Event,
@@ -93,6 +94,7 @@ __all__ = [
     "Fenced",
     "Identity",
     "InvalidParams",
+    "JoinResult",
     "LeaseGone",
     "NoSuchRun",
     "NotOwned",

@@ -13,12 +13,13 @@ from delegation import errors as codes
 from delegation.client.commands import CommandHandlers
 from delegation.client.connection import Connection
 from delegation.client.errors import ReleaseUnconfirmed
+from delegation.client.joins import JoinMethods
 from delegation.client.shapes import EmitAck, McpToken, Result, SteerOutcome
 from delegation.client.streams import RunStream
 from delegation.errors import RpcError
 
 
-class RunnerClient(CommandHandlers, Connection):
+class RunnerClient(CommandHandlers, JoinMethods, Connection):
     """An authenticated, self-healing runner connection.
 
     ``depth`` is the level this runner declares on the handshake; by default it is read from

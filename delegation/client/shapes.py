@@ -105,6 +105,8 @@ class Result:
     depth: int
     status: str
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # SPEC §9 Conclusions: what the run says it achieved; None until it concludes.
+    conclusion: Mapping[str, Any] | None = None
 
     @property
     def child_id(self) -> str:
@@ -135,6 +137,7 @@ class Result:
             depth=int(data.get("depth", 0) or 0),
             status=data.get("status", ""),
             raw=dict(data),
+            conclusion=data.get("conclusion"),
         )
 
 

@@ -14,6 +14,7 @@ from pydantic import Field
 from delegation.errors import RpcError
 from delegation.mcp.arguments import StrictMCPServer
 from delegation.mcp.calls import call_service, child_params, ok, refused
+from delegation.mcp.join import JOIN_INSTRUCTIONS, add_join_tools
 from delegation.mcp.waiting import wait_on_run, wait_seconds
 from delegation.selectors.profiles import profiles_caller_may_start
 from delegation.services import children, run_tokens
@@ -79,12 +80,14 @@ INSTRUCTIONS = (
 
 
 def build_server() -> MCPServer:
-    server = StrictMCPServer("canopy", instructions=INSTRUCTIONS)
+    server = StrictMCPServer("canopy", instructions=INSTRUCTIONS + JOIN_INSTRUCTIONS)
     _add_delegate(server)
     _add_read_child(server)
     _add_steer_child(server)
     _add_cancel_child(server)
     _add_list_profiles(server)
+    # Fan out and join (issue 24): await_children, conclude.
+    add_join_tools(server)
     server.make_strict()
     return server
 

@@ -46,20 +46,23 @@ async def wait_on_run(ctx: Context, run_id: str, seconds: float, label: str, rea
     return await wait_until(ctx, run_pk, seconds, label, read, satisfied)
 
 
-async def wait_until(ctx: Context, run_pk: int, seconds: float, label: str, read, satisfied):
+async def wait_until(ctx: Context, run_pk, seconds: float, label: str, read, satisfied):
     """Read, then wait on the run's doorbell and read again until ``satisfied`` or time is up.
 
-    Joins the run's doorbell group on a fresh channel before the first read, so no ring is
-    missed between them.
+    ``run_pk`` is one run's pk or a list of them (``await_children`` waits on every awaited
+    child's doorbell with one channel). Joins the doorbell groups on a fresh channel before
+    the first read, so no ring is missed between them.
     """
     layer = get_channel_layer()
     loop = asyncio.get_running_loop()
     started = loop.time()
     deadline = started + seconds
     channel = await layer.new_channel() if layer is not None else None
-    group = notify.run_group(run_pk)
+    run_pks = run_pk if isinstance(run_pk, list | tuple) else [run_pk]
+    groups = [notify.run_group(pk) for pk in run_pks]
     if channel is not None:
-        await layer.group_add(group, channel)
+        for group in groups:
+            await layer.group_add(group, channel)
     receiving: asyncio.Future | None = None
     try:
         result = await read()
@@ -88,4 +91,5 @@ async def wait_until(ctx: Context, run_pk: int, seconds: float, label: str, read
         if receiving is not None:
             receiving.cancel()
         if channel is not None:
-            await layer.group_discard(group, channel)
+            for group in groups:
+                await layer.group_discard(group, channel)

@@ -163,6 +163,9 @@ class Run(models.Model):
     last_sequence = models.PositiveBigIntegerField(default=0)
     emitted = models.PositiveBigIntegerField(default=0)
     refused_spawns = models.PositiveIntegerField(default=0)
+    # What the run says it achieved (SPEC §9 Conclusions): the validated shape of
+    # delegation.wire.conclusions, from the conclude tool or a canopy-conclusion block.
+    conclusion = models.JSONField(null=True, blank=True)
     # Which door the run came through: a runner's own call, an agent's MCP tool call, or an
     # operator's launch. Operators filter on it; it never changes a rule.
     via = models.CharField(max_length=16, choices=RunVia.choices, default=RunVia.RUNNER)

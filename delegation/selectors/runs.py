@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
+from django.db.models.fields.json import KT
 
 from delegation.models import Event, Run, RunStatus, Session, SteerReceipt
 from delegation.selectors.events import millis
@@ -33,6 +34,8 @@ def snapshot(run: Run, events=()) -> dict:
         "events": [event_wire(event) for event in events],
         "depth": run.depth,
         "status": run.status,
+        # SPEC §9 Conclusions: null until the run concludes.
+        "conclusion": run.conclusion,
     }
 
 
@@ -178,6 +181,8 @@ def run_row_fields():
         "createdAt": F("created_at"),
         "updatedAt": F("updated_at"),
         "finishedAt": F("finished_at"),
+        # SPEC §9: the conclusion's status alone (a tree row's mark); the detail has it all.
+        "conclusionStatus": KT("conclusion__status"),
     }
 
 
@@ -207,11 +212,13 @@ def subtree_row_values(runs, usage: bool = False):
     return runs.values(*_RUN_ROW_COLUMNS, **_run_row_fields(), **extra)
 
 
-def run_rows(runs):
-    """Compact run rows for lists, joined in the same query (one query per page)."""
+def run_rows(runs, *columns: str):
+    """Compact run rows for lists, joined in the same query (one query per page); ``columns``
+    adds more of the run's own (the children list adds output and conclusion)."""
 
     return runs.values(
         *_RUN_ROW_COLUMNS,
+        *columns,
         "root_id",
         parentConversationId=F("session__parent__conversation_id"),
         parentRunId=F("parent__run_id"),

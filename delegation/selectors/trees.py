@@ -33,6 +33,8 @@ TREE_ROW_FIELDS = (
     "lease_id",
     "task",
     "activity",
+    # Issue 24: a tree row's conclusion mark (the status alone).
+    "conclusion__status",
 )
 
 
@@ -137,6 +139,7 @@ def tree_rows(top: Run, only_pks=None) -> list[dict]:
             **_tree_usage(row),
             "task": row["task"],
             "activity": row["activity"],
+            "conclusionStatus": row["conclusion__status"],
         }
         for row in values
     ]
@@ -370,6 +373,7 @@ TREE_COLUMNS = (
     ("task", "task"),
     ("activity", "activity"),
     ("via", "via"),
+    ("conclusionStatus", "conclusion__status"),
 )
 _FLAGS = {"cancelRequested", "underLease"}
 # Read beside TREE_COLUMNS and folded into two columns of objects, "usage" and "budget"

@@ -117,15 +117,15 @@ def _child_authority(conn: Connection, params: Params, *, starting: bool) -> Aut
     return Authority(runner=runner, parent=parent, lease=lease)
 
 
-def _owned_child(caller: Caller, params: Params) -> tuple[Authority, Run]:
-    """The child run a read, cancel or steer is about; −32003 for anything not owned."""
+def _owned_child(
+    caller: Caller, params: Params, checked: Authority | None = None
+) -> tuple[Authority, Run]:
+    """The child run a read, cancel or steer is about; −32003 for anything not owned.
+
+    ``checked``: the caller's authority, already checked in this transaction for the same
+    run, lease and extension (a join reads many children under one check)."""
     params.require("extension_id", "generation", "child_id")
-    auth = _child_authority(caller.conn, params, starting=False)
-    extension = ExtensionPreset.objects.filter(
-        runner=auth.runner, extension_id=params.extension_id
-    ).values_list("generation", flat=True)
-    if params.generation not in set(extension):
-        raise RpcError(NOT_OWNED, "extensionId/generation: not a registered extension generation")
+    auth = checked or _caller_authority(caller, params)
     not_owned = RpcError(NOT_OWNED, f"childId: {params.child_id!r} is not a child of the caller")
     session = Session.objects.filter(
         conversation_id=params.child_id, runner=auth.runner, parent__isnull=False
@@ -163,6 +163,16 @@ def _owned_child(caller: Caller, params: Params) -> tuple[Authority, Run]:
             f"childRunId: required because child {params.child_id!r} has {len(runs)} runs",
         )
     return auth, owned[0]
+
+
+def _caller_authority(caller: Caller, params: Params) -> Authority:
+    auth = _child_authority(caller.conn, params, starting=False)
+    extension = ExtensionPreset.objects.filter(
+        runner=auth.runner, extension_id=params.extension_id
+    ).values_list("generation", flat=True)
+    if params.generation not in set(extension):
+        raise RpcError(NOT_OWNED, "extensionId/generation: not a registered extension generation")
+    return auth
 
 
 # --- child.start --------------------------------------------------------------------------
@@ -494,6 +504,32 @@ def read_child(caller: Caller | Connection, params: Params) -> dict:
         _auth, child = _owned_child(as_caller(caller), params)
         events = events_after(child, params.after or 0, settings.CHILD_READ_PAGE)
         return snapshot(child, events)
+
+
+@retry_conflicts
+def read_children(caller: Caller | Connection, many: list[Params]) -> tuple[list[dict], list[int]]:
+    """Each child's ``Result`` without events (``await_children``), by ``read_child``'s
+    ownership rule; with the children's run pks, whose doorbells the join waits on.
+
+    A child the caller does not own refuses the whole call (−32003) naming its place in the
+    list, and answers nothing about the others."""
+    caller = as_caller(caller)
+    with transaction.atomic():
+        results, run_pks = [], []
+        # Every params names the same run, lease and extension: their authority is checked
+        # once, and a refusal of it is the caller's, not a child's.
+        many[0].require("extension_id", "generation")
+        auth = _caller_authority(caller, many[0])
+        for index, params in enumerate(many):
+            try:
+                _auth, child = _owned_child(caller, params, auth)
+            except RpcError as error:
+                if error.code != NOT_OWNED:
+                    raise
+                raise RpcError(NOT_OWNED, f"childIds[{index}]: {error.message}") from None
+            results.append(snapshot(child))
+            run_pks.append(child.pk)
+        return results, run_pks
 
 
 @retry_conflicts

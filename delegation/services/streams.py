@@ -19,6 +19,7 @@ from delegation.protocol import SERVER_EVENT_KINDS
 from delegation.selectors import EVENT_FIELDS, RESULT_RELATED, live_event_row, snapshot
 from delegation.services import budgets, event_store, lifecycle, rollups
 from delegation.services.base import activity_of, lock_run
+from delegation.services.conclusions import conclude_from_output
 from delegation.services.identity import Actor, Connection
 from delegation.services.lifecycle import mark_finished
 from delegation.services.locks import retry_conflicts
@@ -248,6 +249,9 @@ def _append(conn: Connection, params: RunEventParams, rows, usages) -> tuple[dic
             run.emitted = next_index
             run.updated_at = now
             event_store.save_run_fields(run, fields)
+            if "output" in fields:
+                # SPEC §9: a canopy-conclusion block ending the output is the run's conclusion.
+                conclude_from_output(run, run.output, actor=f"runner:{run.runner.name}")
             fresh_usage = [usage for index, usage in usages.items() if index >= replayed]
             if fresh_usage and rollups.enabled():
                 budgeted = rollups.usage_added(run, _usage_totals(fresh_usage))
@@ -283,6 +287,9 @@ def finish_run(conn: Connection, params: RunFinishParams) -> dict:
                 status = RunStatus.FAILED
             else:
                 status = RunStatus.SUCCEEDED
+            if params.output is not None and params.output != run.output:
+                # An output given only here (no result event) may end with the block too.
+                conclude_from_output(run, params.output, actor=f"runner:{runner.name}")
             mark_finished(run, status, error=params.error or "", output=params.output)
             _cancel_foreground_children(run, Run.objects.filter(parent=run), "parent run finished")
         return snapshot(run)

@@ -388,6 +388,8 @@ class RunSnapshot(BaseModel):
     output: str
     depth: int
     status: str
+    # SPEC §9 Conclusions (delegation.wire.conclusions' stored shape); None until concluded.
+    conclusion: dict[str, Any] | None = None
 
 
 class Result(RunSnapshot):

@@ -4,8 +4,6 @@ live daphne, with a real runner (the SDK) on the runner socket of the same serve
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 from pathlib import Path
 
 import httpx2
@@ -16,11 +14,20 @@ from delegation import selectors
 from delegation.errors import DEPTH_LIMIT, NOT_OWNED
 from delegation.models import AuditEntry, Event, Run, RunVia
 from delegation.services import tokens
-from tests.support.mcp_tools import LiveRunner, mcp_session, post_status
+from tests.support.mcp_tools import (
+    LiveRunner,
+    connections_held,
+    mcp_session,
+    post_status,
+    server_db_connections,
+    waiting_calls,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
 TOOLS = {"delegate", "read_child", "steer_child", "cancel_child", "list_profiles"}
+# Fan out and join (issue 24).
+TOOLS |= {"await_children", "conclude"}
 
 
 @pytest.fixture
@@ -38,7 +45,7 @@ def _run(run_id: str) -> Run:
     return Run.objects.select_related("parent").get(run_id=run_id)
 
 
-async def test_it_lists_the_five_tools_with_described_arguments(live):
+async def test_it_lists_the_tools_with_described_arguments(live):
     await live.open("root-1")
     issued = await live.run_token("root-1")
     assert issued["url"] == f"{live.server.http_url}/mcp"
@@ -267,33 +274,6 @@ async def test_it_answers_a_waiting_read_as_soon_as_an_event_commits(live):
     assert progress[0][1] == 30
 
 
-def _server_db_connections(server) -> int:
-    """Database connections the daphne process itself holds right now."""
-    from django.db import connection
-
-    pid = server.process.pid
-    fds = []
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):
-            fds.append(os.readlink(fd))
-    if connection.vendor == "postgresql":
-        # Its TCP sockets whose far end is the PostgreSQL port.
-        port = int(connection.settings_dict.get("PORT") or 5432)
-        inodes = {link[len("socket:[") : -1] for link in fds if link.startswith("socket:[")}
-        held = 0
-        for table in ("tcp", "tcp6"):
-            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-            for line in lines:
-                fields = line.split()
-                remote_port = int(fields[2].rsplit(":", 1)[1], 16)
-                if fields[9] in inodes and remote_port == port and fields[3] == "01":
-                    held += 1
-        return held
-    # SQLite: every connection keeps the database file open in the process.
-    database = os.path.realpath(connection.settings_dict["NAME"])
-    return sum(1 for link in fds if link == database)
-
-
 def _rss_kib(server) -> int:
     status = Path(f"/proc/{server.process.pid}/status").read_text()
     return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
@@ -312,35 +292,11 @@ async def test_it_holds_no_database_connection_for_50_waiting_reads(daphne_facto
             run_id = child.structured_content["runId"]
             await live.wait_command("child.execute", run_id)
             await asyncio.sleep(0.5)
-            idle = await sync_to_async(_server_db_connections)(server)
+            idle = await sync_to_async(server_db_connections)(server)
             rss_before = _rss_kib(server)
-            waiting: set[int] = set()
-
-            def progress_of(index):
-                async def on_progress(value, total, message):
-                    waiting.add(index)
-
-                return on_progress
-
-            reads = [
-                asyncio.ensure_future(
-                    mcp.call_tool(
-                        "read_child",
-                        {"childId": child_id, "waitSeconds": 40},
-                        progress_callback=progress_of(index),
-                    )
-                )
-                for index in range(50)
-            ]
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 30
-            while len(waiting) < 50 and loop.time() < deadline:
-                await asyncio.sleep(0.05)
-            assert len(waiting) == 50, f"only {len(waiting)} reads are waiting"
-            held = []
-            for _ in range(5):
-                held.append(await sync_to_async(_server_db_connections)(server))
-                await asyncio.sleep(0.2)
+            arguments = {"childId": child_id, "waitSeconds": 40}
+            reads = await waiting_calls(mcp, "read_child", arguments)
+            held = await connections_held(server)
             rss_waiting = _rss_kib(server)
             assert not any(r.done() for r in reads)
             await live.client.emit(run_id, {"kind": "text", "text": "wake"})

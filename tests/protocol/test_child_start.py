@@ -10,7 +10,16 @@ from tests.support.state import assert_all_refused, state
 pytestmark = pytest.mark.django_db(transaction=True)
 
 KIB = 1024
-IDENTITY_KEYS = RESULT_KEYS - {"done", "cancelled", "error", "output", "events", "depth", "status"}
+IDENTITY_KEYS = RESULT_KEYS - {
+    "done",
+    "cancelled",
+    "error",
+    "output",
+    "events",
+    "depth",
+    "status",
+    "conclusion",
+}
 
 
 async def _refused(runner, params, code, field=None) -> dict:

@@ -46,6 +46,7 @@ async def test_it_answers_run_open_with_a_complete_result(runner):
         "events": [],
         "depth": 0,
         "status": "running",
+        "conclusion": None,
     }
 
 

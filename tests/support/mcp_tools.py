@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx2
 from mcp.client.session import ClientSession
@@ -96,3 +98,64 @@ async def post_status(url: str, token: str | None) -> int:
     async with httpx2.AsyncClient(timeout=10) as http:
         response = await http.post(url, json=body, headers=headers)
         return response.status_code
+
+
+def server_db_connections(server) -> int:
+    """Database connections the daphne process itself holds right now."""
+    from django.db import connection
+
+    pid = server.process.pid
+    fds = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            fds.append(os.readlink(fd))
+    if connection.vendor == "postgresql":
+        # Its TCP sockets whose far end is the PostgreSQL port.
+        port = int(connection.settings_dict.get("PORT") or 5432)
+        inodes = {link[len("socket:[") : -1] for link in fds if link.startswith("socket:[")}
+        held = 0
+        for table in ("tcp", "tcp6"):
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+            for line in lines:
+                fields = line.split()
+                remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+                if fields[9] in inodes and remote_port == port and fields[3] == "01":
+                    held += 1
+        return held
+    # SQLite: every connection keeps the database file open in the process.
+    database = os.path.realpath(connection.settings_dict["NAME"])
+    return sum(1 for link in fds if link == database)
+
+
+async def waiting_calls(mcp, tool: str, arguments: dict, n: int = 50, timeout: float = 30):
+    """``n`` concurrent calls of ``tool``, returned once every one has sent a progress
+    notification (so each is waiting on the server, not queued on the way to it)."""
+    waiting: set[int] = set()
+
+    def progress_of(index):
+        async def on_progress(value, total, message):
+            waiting.add(index)
+
+        return on_progress
+
+    calls = [
+        asyncio.ensure_future(mcp.call_tool(tool, arguments, progress_callback=progress_of(index)))
+        for index in range(n)
+    ]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while len(waiting) < n and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    assert len(waiting) == n, f"only {len(waiting)} of {n} {tool} calls are waiting"
+    return calls
+
+
+async def connections_held(server, samples: int = 5) -> list[int]:
+    """The server's database connections, sampled ``samples`` times 0.2 s apart."""
+    from asgiref.sync import sync_to_async
+
+    held = []
+    for _ in range(samples):
+        held.append(await sync_to_async(server_db_connections)(server))
+        await asyncio.sleep(0.2)
+    return held

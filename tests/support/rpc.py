@@ -37,6 +37,7 @@ RESULT_KEYS = frozenset(
         "events",
         "depth",
         "status",
+        "conclusion",
     }
 )
 

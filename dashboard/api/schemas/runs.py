@@ -18,6 +18,7 @@ from dashboard.api.schemas.common import (
     no_nul,
     not_blank_no_nul,
 )
+from dashboard.api.schemas.conclusions import ConclusionOut
 from dashboard.api.schemas.usage import BudgetLimitsBody, BudgetOut, TreeBudget, TreeUsage, Usage
 from delegation.models import LeaseState, RunStatus
 from delegation.protocol import MAX_STEER_BYTES
@@ -159,6 +160,11 @@ class RunItem(Schema):
     budget: BudgetOut | None = Field(description="null when the run has no budget")
     task: str = Field(description='First line of the request message ("" if none)')
     activity: str = Field(description="Its latest text or tool call, as the tree shows it")
+    conclusionStatus: str | None = Field(
+        default=None,
+        description="The status of its conclusion (done, partial, blocked, failed); null "
+        "until it concludes",
+    )
 
 
 class RunPage(Schema):
@@ -213,6 +219,9 @@ class RunResult(Schema):
     events: list[EventOut]
     depth: int
     status: RunStatus
+    conclusion: ConclusionOut | None = Field(
+        description="SPEC §9 Conclusions: what the run says it achieved; null until it concludes"
+    )
 
 
 class RunDetail(Schema):
@@ -235,6 +244,9 @@ class RunDetail(Schema):
     )
     depth: int
     status: RunStatus
+    conclusion: ConclusionOut | None = Field(
+        description="SPEC §9 Conclusions: what the run says it achieved; null until it concludes"
+    )
     rootRunId: str
     childCounts: ChildCounts
     lease: LeaseRef | None = Field(description="The lease this run was started under")

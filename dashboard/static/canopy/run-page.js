@@ -3,6 +3,7 @@
 import { bindLiveState, el, formatDuration, now, startTicking } from "./common.js";
 import { ToolPairs, UsageTotals, formatCost, formatCount, renderEvent } from "./events.js";
 import { LiveClient } from "./live.js";
+import { showConclusion } from "./conclusion.js";
 import { TreeView } from "./tree.js";
 
 const TERMINAL = new Set(["succeeded", "failed", "cancelled", "lost"]);
@@ -46,6 +47,7 @@ function appendEvents(events) {
     frag.append(li);
     pairs.place(ev, li);
     counted = usage.add(ev) || counted;
+    if (ev.kind === "conclusion") showConclusion(document.getElementById("conclusion"), ev.input);
   }
   list.append(frag);
   if (counted) showUsage();

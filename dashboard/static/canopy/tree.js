@@ -7,6 +7,7 @@ import { el, formatDuration, formatTTL, now } from "./common.js";
 
 const ROW_HEIGHT = 28;
 const OVERSCAN = 12;
+const CONCLUSION_MARKS = { done: "✓", partial: "◐", blocked: "⏸", failed: "✗" };
 const TERMINAL = new Set(["succeeded", "failed", "cancelled", "lost"]);
 const STATUSES = ["running", "succeeded", "failed", "cancelled", "lost"];
 
@@ -363,6 +364,8 @@ export class TreeView extends EventTarget {
     if (row.refusedSpawns) markers.append(el("span", { class: "mark mark-refused", title: "spawns refused by the depth cap", "data-refused": row.refusedSpawns }, `⊘ ${row.refusedSpawns} refused`));
     if (row.cancelRequested && !TERMINAL.has(row.status)) markers.append(el("span", { class: "mark mark-cancel" }, "cancelling"));
     if (row.budget) markers.append(budgetMarker(row));
+    // Issue 24: what the run concluded (SPEC §9 Conclusions).
+    if (row.conclusionStatus) markers.append(el("span", { class: `mark mark-conclusion conclusion-${row.conclusionStatus}`, title: `concluded: ${row.conclusionStatus}`, "data-conclusion": row.conclusionStatus }, `${CONCLUSION_MARKS[row.conclusionStatus] || "•"} ${row.conclusionStatus}`));
     node.replaceChildren(
       name,
       el("span", { class: "t-task", "data-role": "task", title: row.task || "" }, row.task || ""),
