@@ -33,6 +33,7 @@ from delegation.models.runs import (
     RunVia,
     Session,
 )
+from delegation.models.upkeep import PurgedRun, RetentionPass, SsoIdentity
 from delegation.models.usage import Budget, RunRollup
 
 __all__ = [
@@ -48,6 +49,8 @@ __all__ = [
     "Event",
     "ExtensionPreset",
     "Lease",
+    "PurgedRun",
+    "RetentionPass",
     "LeaseState",
     "Run",
     "RunQuerySet",
@@ -59,6 +62,7 @@ __all__ = [
     "RunnerQuerySet",
     "RunnerState",
     "Session",
+    "SsoIdentity",
     "SteerReceipt",
     "Webhook",
     "WebhookAttempt",
