@@ -1,5 +1,5 @@
 """The retention pages (issue 28): what the next pass deletes and the last passes (admins),
-the keep flag's form, and the page a purged run's address shows instead of a 404."""
+and the keep flag's form. (A purged run's page is ``views._purged``.)"""
 
 from __future__ import annotations
 
@@ -46,12 +46,3 @@ def keep(request):
         return _refuse(request, f"Refused: {exc}")
     messages.success(request, f"Tree {run_id} is {'kept' if wanted else 'no longer kept'}.")
     return redirect("retention")
-
-
-def purged_page(request, run_id: str):
-    """A run the retention pass deleted: 410 with what happened, or None if it was not."""
-    tomb = due.purged_run(run_id)
-    if tomb is None:
-        return None
-    context = _context(request, tomb=tomb)
-    return render(request, "purged.html", context, status=410)

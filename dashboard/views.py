@@ -35,6 +35,7 @@ from delegation.models import (
     Run,
     RunStatus,
 )
+from delegation.selectors.retention import purged_run
 from delegation.services.budgets import do_set_budget
 from delegation.services.launch import Launch, do_launch_run
 from delegation.services.operator import Actor, do_cancel_run, release_lease
@@ -217,9 +218,10 @@ def trees(request):
 
 def _purged(request, run_id: str):
     """A run deleted by retention answers 410 with a page that says so (issue 28)."""
-    from dashboard.retention import purged_page  # it imports this module's helpers
-
-    return purged_page(request, run_id)
+    tomb = purged_run(run_id)
+    if tomb is None:
+        return None
+    return render(request, "purged.html", _context(request, tomb=tomb), status=410)
 
 
 def _run_or_404(run_id: str) -> Run:
