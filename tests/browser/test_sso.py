@@ -20,8 +20,8 @@ from delegation import roles
 from delegation.models import AuditEntry, SsoIdentity
 from delegation.protocol import CLOSE_FORBIDDEN
 from tests.support.browser import needs_chromium
-from tests.support.sso import sign_in_with_provider, sso_stack  # noqa: F401 (fixture)
 from tests.support.personas import api_token, make_person
+from tests.support.sso import sign_in_with_provider
 
 pytestmark = [needs_chromium, pytest.mark.django_db(transaction=True)]
 
