@@ -24,6 +24,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from delegation import metrics, roles
@@ -115,9 +116,7 @@ class Pass:
                 return
             after = root.pk
             tree = list(
-                Run.objects.filter(pk=root.pk)
-                .union(Run.objects.filter(root_id=root.pk))
-                .values_list("pk", flat=True)
+                Run.objects.filter(Q(pk=root.pk) | Q(root_id=root.pk)).values_list("pk", flat=True)
             )
             while self._delete_events(Event.objects.filter(run_id__in=tree)):
                 yield
@@ -130,9 +129,9 @@ class Pass:
             if not due.trees_to_delete(cutoff).filter(pk=root.pk).exists():
                 return
             runs = list(
-                Run.objects.filter(pk=root.pk)
-                .union(Run.objects.filter(root_id=root.pk))
-                .values_list("run_id", "finished_at", "session_id")
+                Run.objects.filter(Q(pk=root.pk) | Q(root_id=root.pk)).values_list(
+                    "run_id", "finished_at", "session_id"
+                )
             )
             PurgedRun.objects.bulk_create(
                 [
