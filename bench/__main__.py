@@ -31,6 +31,8 @@ STEPS = {
     ),
     "tree100k": tree.tree100k,
     "stop": budget_stop.stop,
+    # Issue 28: a retention pass's rows/s, and ingest during it vs without.
+    "retention": lambda: __import__("bench.retention").retention.retention(),
 }
 
 

@@ -35,7 +35,7 @@ def ensure_started() -> None:
     if _sender is None or _sender.done() or _sender.get_loop() is not loop:
         _sender = loop.create_task(webhooks.deliver_forever())
     if _retention is None or _retention.done() or _retention.get_loop() is not loop:
-        _retention = loop.create_task(_retention_forever())
+        _retention = loop.create_task(retention_forever())
 
 
 async def _sweep_forever():
@@ -49,7 +49,7 @@ async def _sweep_forever():
             log.exception("upkeep sweep failed; retrying")
 
 
-async def _retention_forever():
+async def retention_forever():
     """Retention passes (issue 28), each batch its own short transaction on the worker thread
     and a pause between batches, so a pass never holds the database (or the thread every
     socket's queries share) for long."""

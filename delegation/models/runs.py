@@ -173,7 +173,8 @@ class Run(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     # Retention (issue 28): on a root, the whole tree is exempt from every pass; on any run,
     # when a pass deleted its transcript (its usage events stay: rollups are counted from them).
-    keep = models.BooleanField(default=False)
+    # db_default: rows inserted by raw SQL (bench.tree_seed) get it too.
+    keep = models.BooleanField(default=False, db_default=False)
     events_purged_at = models.DateTimeField(null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
