@@ -35,7 +35,7 @@ def _django():
     django.setup()
 
 
-def seed() -> dict:
+def seed(tag: str = "a") -> dict:
     """Finished trees, half aged past the run limit (deleted whole), half past the event limit
     only (transcripts stripped)."""
     _django()
@@ -48,10 +48,10 @@ def seed() -> dict:
     from delegation.models import Event, Run, Runner
     from delegation.services import tokens
 
-    runner, _ = tokens.create_runner("retention-seed")
+    runner, _ = tokens.create_runner(f"retention-seed-{tag}")
     now = timezone.now()
     for n in range(RETENTION_TREES):
-        tree = seed_tree(runner, RETENTION_TREE_RUNS, fanout=5, prefix=f"ret{n}")
+        tree = seed_tree(runner, RETENTION_TREE_RUNS, fanout=5, prefix=f"ret{tag}{n}")
         root = Run.objects.get(run_id=tree["root"])
         runs = Run.objects.filter(pk=root.pk) | Run.objects.filter(root_id=root.pk)
         age = timedelta(days=40 if n % 2 == 0 else 20)
@@ -146,7 +146,7 @@ def measure(kind: str) -> dict:
             server.stop()
         in_server = done
         # The pass alone, in a row without pauses, over a fresh seed.
-        db.python("bench.retention", "seed")
+        db.python("bench.retention", "seed", "b")
         alone = json.loads(db.python("bench.retention", "pass", **RETENTION_ENV))
     finally:
         db.close()
@@ -172,6 +172,6 @@ def retention():
 
 
 if __name__ == "__main__":
-    step = sys.argv[1]
-    answer = {"seed": seed, "pass": run_pass, "last-pass": last_pass}[step]()
+    step, *rest = sys.argv[1:]
+    answer = {"seed": seed, "pass": run_pass, "last-pass": last_pass}[step](*rest)
     print(json.dumps(answer))

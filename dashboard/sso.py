@@ -106,7 +106,9 @@ class ProviderBackend(OIDCAuthenticationBackend):
         # the ID token, others only in userinfo.
         claims = {**payload, **info}
         try:
-            return sso.do_sso_sign_in(issuer=settings.OIDC_ISSUER, claims=claims)
+            user = sso.do_sso_sign_in(issuer=settings.OIDC_ISSUER, claims=claims)
+            self.request.session[CHECKED_AT] = time.time()  # the groups were just read
+            return user
         except PermissionRefused as exc:
             self.request.canopy_sso_refusal = str(exc)
             return None
