@@ -87,7 +87,8 @@ def last_pass() -> dict:
     _django()
     from delegation.models import RetentionPass
 
-    done = RetentionPass.objects.filter(finished_at__isnull=False).first()
+    # The first pass: it found the seed; the later ones (every interval) find nothing left.
+    done = RetentionPass.objects.filter(finished_at__isnull=False).order_by("started_at").first()
     if done is None:
         return {}
     return {

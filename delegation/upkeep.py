@@ -59,7 +59,10 @@ async def retention_forever():
             if not await database_sync_to_async(retention.pass_is_due)():
                 continue
             run = await database_sync_to_async(retention.Pass)()
-            while await database_sync_to_async(run.step)():
+            # Not on the one thread every socket's queries share (thread_sensitive): a batch
+            # must never make a runner's frame wait behind it in this process.
+            step = database_sync_to_async(run.step, thread_sensitive=False)
+            while await step():
                 await asyncio.sleep(settings.RETENTION_BATCH_PAUSE_SECONDS)
         except asyncio.CancelledError:
             raise

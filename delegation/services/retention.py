@@ -100,7 +100,11 @@ class Pass:
         """One batch of ``rows`` (events) gone; how many. Events have no dependents, so a raw
         delete by primary key is safe and skips loading them."""
         with transaction.atomic():
-            pks = list(rows.order_by("pk").values_list("pk", flat=True)[: self.batch])
+            # In the (run, sequence) index's order: each batch is a short index range, not a
+            # sort of every remaining event of the run.
+            pks = list(
+                rows.order_by("run_id", "sequence").values_list("pk", flat=True)[: self.batch]
+            )
             if not pks:
                 return 0
             deleted = Event.objects.filter(pk__in=pks)._raw_delete(Event.objects.db)
