@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install agents run serve test test-postgres lint wheel-check format bench clean clean-agents phoenix
+# oidc-provider: see the single sign-on block below.
+.PHONY: install agents oidc-provider phoenix run serve test test-postgres lint wheel-check format bench clean clean-agents
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +36,17 @@ $(AGENTS_STAMP):
 
 agents: $(AGENTS_STAMP)
 
+# Single sign-on tests (issue 28): the certified OpenID provider on Node they sign in through,
+# pinned by tests/support/oidc/package-lock.json and installed in that folder only.
+OIDC_DIR := tests/support/oidc
+OIDC_STAMP := $(OIDC_DIR)/node_modules/.installed
+
+$(OIDC_STAMP): $(OIDC_DIR)/package.json $(OIDC_DIR)/package-lock.json
+	cd $(OIDC_DIR) && npm ci --no-audit --no-fund
+	@touch $(OIDC_STAMP)
+
+oidc-provider: $(OIDC_STAMP)
+
 # The settings refuse the development SECRET_KEY with DEBUG off: without one in the
 # environment, run and serve use a random key made once for this checkout (owner-only file),
 # named by SECRET_KEY_FILE so the key itself is in no process's environment.
@@ -58,11 +70,11 @@ serve: install $(DEV_KEY)
 	$(KEYED) $(PY) -m canopy.serving $(HOST) $(PORT)
 
 # CANOPY_NO_SKIPS=1 makes a skipped test fail (as .ci/run does); -rs lists skips either way.
-test: install agents phoenix
+test: install agents phoenix oidc-provider
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The same suite on the scale-out backends (the machine's PostgreSQL and Redis).
-test-postgres: install agents phoenix
+test-postgres: install agents phoenix oidc-provider
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} \
 	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} \
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -36,6 +36,8 @@ STEPS = {
     # Issue 27: trace export throughput, and ingest with export on vs off.
     "traces": traces.traces,
     "traces_export": traces.export_throughput,
+    # Issue 28: a retention pass's rows/s, and ingest during it vs without.
+    "retention": lambda: __import__("bench.retention").retention.retention(),
 }
 
 

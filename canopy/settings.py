@@ -284,9 +284,7 @@ RUNNER_SILENT_SECONDS = env_float(
     "RUNNER_SILENT_SECONDS", max(15.0, 3 * OUTBOX_RESEND_SECONDS), minimum=OUTBOX_RESEND_SECONDS
 )
 MAINTENANCE_INTERVAL_SECONDS = env_float("MAINTENANCE_INTERVAL_SECONDS", 1.0, minimum=0.05)
-# 0 keeps every event forever; otherwise events of finished runs older than this are purged
-# by `manage.py purge_events`.
-EVENT_RETENTION_DAYS = env_int("EVENT_RETENTION_DAYS", 0, minimum=0)
+# Retention: see the "Retention and single sign-on" block at the end.
 UPKEEP_IN_PROCESS = env_bool("UPKEEP_IN_PROCESS", True)
 # Usage rollups on the ingest path (SPEC §10). Switched off only by the benchmark, to measure
 # ingest with and without them in the same run; budgets on usage need them.
@@ -420,3 +418,45 @@ OTEL_EXPORT_RETRY_FIRST_SECONDS = env_float("OTEL_EXPORT_RETRY_FIRST_SECONDS", 2
 OTEL_EXPORT_RETRY_MAX_SECONDS = env_float("OTEL_EXPORT_RETRY_MAX_SECONDS", 300.0, minimum=0.01)
 # One OTLP request gives up after this long (the exporter's own retries included).
 OTEL_EXPORT_TIMEOUT_SECONDS = env_float("OTEL_EXPORT_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+
+# --- Retention and single sign-on (issue 28) -------------------------------------------------
+
+# Days to keep each kind (0: forever). Events: a finished run's transcript (its usage events
+# stay with the run); runs: whole finished trees; audit entries: the longest of the three.
+EVENT_RETENTION_DAYS = env_int("EVENT_RETENTION_DAYS", 0, minimum=0)
+RUN_RETENTION_DAYS = env_int("RUN_RETENTION_DAYS", 0, minimum=0)
+AUDIT_RETENTION_DAYS = env_int("AUDIT_RETENTION_DAYS", 0, minimum=0)
+# Rows one retention transaction deletes at most, how often the upkeep loop starts a pass, and
+# how long it yields between batches so ingest gets the database in between.
+RETENTION_BATCH_SIZE = env_int("RETENTION_BATCH_SIZE", 500, minimum=1)
+RETENTION_INTERVAL_SECONDS = env_float("RETENTION_INTERVAL_SECONDS", 3600.0, minimum=0.05)
+RETENTION_BATCH_PAUSE_SECONDS = env_float("RETENTION_BATCH_PAUSE_SECONDS", 0.05, minimum=0)
+
+
+def check_retention(events: int, runs: int, audit: int) -> None:
+    """Audit outlives what it describes, and a transcript cannot outlive its run."""
+    if audit and (not runs or audit < runs):
+        raise ImproperlyConfigured(
+            f"AUDIT_RETENTION_DAYS ({audit}) must be 0 (forever) or at least RUN_RETENTION_DAYS "
+            f"({runs or 'forever'}): the audit log is kept longest"
+        )
+    if audit and events and audit < events:
+        raise ImproperlyConfigured(
+            f"AUDIT_RETENTION_DAYS ({audit}) must be at least EVENT_RETENTION_DAYS ({events})"
+        )
+    if runs and events and events > runs:
+        raise ImproperlyConfigured(
+            f"EVENT_RETENTION_DAYS ({events}) must not exceed RUN_RETENTION_DAYS ({runs}): a "
+            "run's events go with it"
+        )
+
+
+check_retention(EVENT_RETENTION_DAYS, RUN_RETENTION_DAYS, AUDIT_RETENTION_DAYS)
+
+from canopy.sso_settings import sso_settings  # noqa: E402  (needs the helpers above)
+
+globals().update(sso_settings(globals()))
+if OIDC_ISSUER:  # noqa: F821  (set by sso_settings)
+    AUTHENTICATION_BACKENDS.append("dashboard.sso.ProviderBackend")
+    if not OIDC_LOCAL_PASSWORDS:  # noqa: F821
+        AUTHENTICATION_BACKENDS.remove("django.contrib.auth.backends.ModelBackend")

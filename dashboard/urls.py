@@ -1,8 +1,9 @@
 """The dashboard's pages and its REST API; ``canopy/urls.py`` mounts them at the root."""
 
+from django.conf import settings
 from django.urls import path
 
-from dashboard import views
+from dashboard import retention, views
 
 urlpatterns = [
     path("api/", ("dashboard.api.urls", "api", "api")),
@@ -18,4 +19,19 @@ urlpatterns = [
     path("leases/<int:pk>/release/", views.lease_release, name="lease-release"),
     path("runners/", views.runners, name="runners"),
     path("audit/", views.audit, name="audit"),
+]
+
+# Single sign-on (issue 28): the provider's button and its callback, when a provider is set.
+if settings.OIDC_ISSUER:
+    from dashboard import sso
+
+    urlpatterns += [
+        path("oidc/start/", sso.ProviderSignIn.as_view(), name="oidc-start"),
+        path("oidc/callback/", sso.ProviderCallback.as_view(), name="oidc-callback"),
+    ]
+
+# Retention (issue 28): what the next pass deletes, and the last passes (admins).
+urlpatterns += [
+    path("retention/", retention.retention, name="retention"),
+    path("retention/keep/", retention.keep, name="retention-keep"),
 ]

@@ -18,6 +18,7 @@ import uuid
 from datetime import timedelta
 from functools import wraps
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.core.paginator import Paginator
@@ -34,6 +35,7 @@ from delegation.models import (
     Run,
     RunStatus,
 )
+from delegation.selectors.retention import purged_run
 from delegation.services.budgets import do_set_budget
 from delegation.services.launch import Launch, do_launch_run
 from delegation.services.operator import Actor, do_cancel_run, release_lease
@@ -57,11 +59,35 @@ SINCE_DELTAS = {
 STATUS_ORDER = [s.value for s in RunStatus]
 TREES_PER_PAGE = 50
 AUDIT_PER_PAGE = 100
+SSO_MESSAGES = {
+    "norole": "Your groups at the identity provider give you no role in Canopy. Ask an admin "
+    "to add you to a Canopy group.",
+    "failed": "Sign-in with the identity provider failed or was refused. Please try again.",
+    "unavailable": "The identity provider cannot be reached right now.",
+    "refused": "Sign-in with the identity provider was refused.",
+}
 
 
 class LoginView(auth_views.LoginView):
     template_name = "registration/login.html"
     redirect_authenticated_user = True
+
+    def get_context_data(self, **kwargs):
+        # Single sign-on (issue 28): the provider's button, and why its last attempt failed.
+        status = self.request.GET.get("sso", "")
+        return super().get_context_data(
+            sso_enabled=bool(settings.OIDC_ISSUER),
+            sso_provider=getattr(settings, "OIDC_PROVIDER_NAME", ""),
+            local_passwords=settings.OIDC_LOCAL_PASSWORDS,
+            sso_status=status,
+            sso_message=SSO_MESSAGES.get(status, ""),
+            **kwargs,
+        )
+
+    def post(self, request, *args, **kwargs):
+        if not settings.OIDC_LOCAL_PASSWORDS:
+            return _refuse(request, "Password sign-in is off: sign in with the identity provider.")
+        return super().post(request, *args, **kwargs)
 
     def get_default_redirect_url(self):
         return reverse("home")
@@ -190,6 +216,14 @@ def trees(request):
 # --- A tree ------------------------------------------------------------------------------------
 
 
+def _purged(request, run_id: str):
+    """A run deleted by retention answers 410 with a page that says so (issue 28)."""
+    tomb = purged_run(run_id)
+    if tomb is None:
+        return None
+    return render(request, "purged.html", _context(request, tomb=tomb), status=410)
+
+
 def _run_or_404(run_id: str) -> Run:
     run = selectors.get_run(run_id)
     if run is None:
@@ -200,6 +234,8 @@ def _run_or_404(run_id: str) -> Run:
 @require_GET
 @viewer_required
 def tree(request, run_id):
+    if gone := _purged(request, run_id):
+        return gone
     run = _run_or_404(run_id)
     if run.root_id is not None:
         root_id = selectors.root_run_id(run)
@@ -223,6 +259,8 @@ def tree(request, run_id):
 @require_GET
 @viewer_required
 def run_detail(request, run_id):
+    if gone := _purged(request, run_id):
+        return gone
     run = _run_or_404(run_id)
     live = selectors.live_descendant_count(run)
     result = selectors.snapshot(run)

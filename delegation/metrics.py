@@ -93,6 +93,26 @@ LIVE_SOCKETS = Gauge(
 # start), not a push: they would say nothing about latency.
 PUSH_OBSERVE_MAX_AGE = 60.0
 
+# Retention (issue 28): rows each pass deleted, by kind, and passes by outcome.
+RETENTION_DELETED = Counter(
+    "canopy_retention_deleted",
+    "Rows deleted by retention passes, by kind: events, runs, audit",
+    ["kind"],
+)
+RETENTION_PASSES = Counter(
+    "canopy_retention_passes",
+    "Retention passes finished, by outcome: ok, failed",
+    ["outcome"],
+)
+
+
+def retention_deleted(kind: str, count: int) -> None:
+    RETENTION_DELETED.labels(kind=kind).inc(count)
+
+
+def retention_pass(outcome: str) -> None:
+    RETENTION_PASSES.labels(outcome=outcome).inc()
+
 
 def events_stored(count: int, origin: str = "runner") -> None:
     EVENTS_STORED.labels(origin=origin).inc(count)

@@ -19,6 +19,7 @@ pytest_plugins = [
     "tests.support.personas",
     "tests.support.fixtures",
     "tests.support.api",
+    "tests.support.sso",
 ]
 
 # `.ci/run` sets this: a skipped test is a test that did not run, so in CI it fails, except a

@@ -20,6 +20,7 @@ from django.core.exceptions import ValidationError
 from django.http.request import split_domain_port, validate_host
 from django.utils.crypto import constant_time_compare
 
+from dashboard import sso
 from delegation import roles
 from delegation.protocol import CLOSE_FORBIDDEN, CLOSE_UNAUTHORIZED, bearer_token
 from delegation.services import tokens
@@ -147,6 +148,9 @@ def recheck(user_pk: int, session_key: str | None, token: str) -> int | None:
     else:
         user = _session_user(session_key)
         if user is None or user.pk != user_pk:
+            return CLOSE_UNAUTHORIZED
+        # Signed in through the identity provider: its groups decide the role (issue 28).
+        if user.is_active and sso.recheck_session(user, session_key) == "ended":
             return CLOSE_UNAUTHORIZED
     if not user.is_active:
         return CLOSE_UNAUTHORIZED

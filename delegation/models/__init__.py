@@ -34,6 +34,7 @@ from delegation.models.runs import (
     Session,
 )
 from delegation.models.tracing import TraceExport
+from delegation.models.upkeep import PurgedRun, RetentionPass, SsoIdentity
 from delegation.models.usage import Budget, RunRollup
 
 __all__ = [
@@ -49,6 +50,8 @@ __all__ = [
     "Event",
     "ExtensionPreset",
     "Lease",
+    "PurgedRun",
+    "RetentionPass",
     "LeaseState",
     "Run",
     "RunQuerySet",
@@ -60,6 +63,7 @@ __all__ = [
     "RunnerQuerySet",
     "RunnerState",
     "Session",
+    "SsoIdentity",
     "SteerReceipt",
     "TraceExport",
     "Webhook",

@@ -174,6 +174,11 @@ class Run(models.Model):
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     updated_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Retention (issue 28): on a root, the whole tree is exempt from every pass; on any run,
+    # when a pass deleted its transcript (its usage events stay: rollups are counted from them).
+    # db_default: rows inserted by raw SQL (bench.tree_seed) get it too.
+    keep = models.BooleanField(default=False, db_default=False)
+    events_purged_at = models.DateTimeField(null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
 
@@ -184,6 +189,8 @@ class Run(models.Model):
             models.Index(fields=["root", "depth"]),
             models.Index(fields=["runner", "status"]),
             models.Index(fields=["lease", "status"]),
+            # The retention pass's scan: finished runs by age.
+            models.Index(fields=["finished_at"], name="run_finished_at_idx"),
         ]
         constraints = [
             # Backstop for child.start idempotency: one child per requestId under a parent.

@@ -17,7 +17,7 @@ DOCS = ROOT / "docs"
 
 # What reads the environment, and the page that must name every variable it reads.
 READERS = [
-    (["canopy/settings.py"], "docs/reference/settings.md"),
+    (["canopy/settings.py", "canopy/sso_settings.py"], "docs/reference/settings.md"),
     (["delegation/runner"], "docs/reference/runner-cli.md"),
     (["delegation/management/commands"], "docs/reference/manage-commands.md"),
 ]

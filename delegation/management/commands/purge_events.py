@@ -1,27 +1,36 @@
-"""Retention by age (SPEC §5): drop the events of runs that finished long ago."""
-
-from datetime import timedelta
+"""Retention by age (SPEC §5, issue 28): one retention pass now, as the upkeep loop runs it."""
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.utils import timezone
 
-from delegation.models import Event
+from delegation.services.retention import do_retention_pass
 
 
 class Command(BaseCommand):
-    help = "Delete events of runs finished more than EVENT_RETENTION_DAYS (or --days) ago."
+    help = (
+        "Run one retention pass now: transcripts of runs finished more than EVENT_RETENTION_DAYS"
+        " (or --days) ago, and trees and audit entries past RUN_/AUDIT_RETENTION_DAYS."
+    )
 
     def add_arguments(self, parser):
-        parser.add_argument("--days", type=int, default=None)
+        parser.add_argument("--days", type=int, default=None, help="events: overrides the setting")
 
     def handle(self, *args, days=None, **options):
-        days = settings.EVENT_RETENTION_DAYS if days is None else days
-        if days <= 0:
-            raise CommandError("retention is off (EVENT_RETENTION_DAYS=0); pass --days N")
-        cutoff = timezone.now() - timedelta(days=days)
-        # Only finished runs: a live run's stream must stay gap-free for its readers.
-        deleted, _ = Event.objects.filter(
-            run__finished_at__isnull=False, run__finished_at__lt=cutoff
-        ).delete()
-        self.stdout.write(f"deleted {deleted} events of runs finished before {cutoff:%Y-%m-%d}")
+        if days is not None:
+            if days <= 0:
+                raise CommandError("--days must be at least 1")
+        elif not (
+            settings.EVENT_RETENTION_DAYS
+            or settings.RUN_RETENTION_DAYS
+            or settings.AUDIT_RETENTION_DAYS
+        ):
+            raise CommandError(
+                "retention is off (EVENT_RETENTION_DAYS=0, RUN_RETENTION_DAYS=0 and "
+                "AUDIT_RETENTION_DAYS=0); pass --days N"
+            )
+        done = do_retention_pass(event_days=days)
+        self.stdout.write(
+            f"deleted {done.events_deleted} events, {done.runs_deleted} runs "
+            f"({done.trees_deleted} trees) and {done.audit_deleted} audit entries "
+            f"in {done.batches} batches"
+        )

@@ -7,7 +7,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from delegation import webhooks
+from delegation import upkeep, webhooks
 from delegation.services import sweep
 from delegation.tracing import queue as trace_queue
 from delegation.tracing import sender as trace_sender
@@ -16,7 +16,7 @@ from delegation.tracing import sender as trace_sender
 class Command(BaseCommand):
     help = (
         "Expire leases, mark lost runners and send due webhook deliveries, every "
-        "MAINTENANCE_INTERVAL_SECONDS."
+        "MAINTENANCE_INTERVAL_SECONDS; retention passes every RETENTION_INTERVAL_SECONDS."
     )
 
     def add_arguments(self, parser):
@@ -26,6 +26,15 @@ class Command(BaseCommand):
         asyncio.run(self._loop(once))
 
     async def _loop(self, once: bool):
+        # Retention (issue 28) on its own task, batch by batch, as the server processes run it.
+        retention = None if once else asyncio.ensure_future(upkeep.retention_forever())
+        try:
+            await self._sweep(once)
+        finally:
+            if retention is not None:
+                retention.cancel()
+
+    async def _sweep(self, once: bool):
         async with webhooks.make_client() as client:
             # Each delivery on its own task: a hanging receiver does not hold up the sweep.
             sender = webhooks.Sender(client)
