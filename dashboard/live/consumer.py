@@ -149,13 +149,3 @@ class LiveConsumer(AsyncWebsocketConsumer):
             conn.schedule(lambda: conn.unsubscribe(frame))
         else:
             conn.schedule(lambda: conn.subscribe(frame))
-
-    # --- doorbells (delegation.notify) --------------------------------------------------------
-
-    async def run_changed(self, message):
-        if self.connection is not None:
-            self.connection.ring_run(message)
-
-    async def runner_changed(self, message):
-        if self.connection is not None:
-            self.connection.ring_runners()

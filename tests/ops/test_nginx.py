@@ -45,24 +45,11 @@ def fleet(daphne_factory, nginx_factory):  # noqa: F811
     return nginx_factory(servers), servers
 
 
-def test_it_serves_pages_and_static_files_and_refuses_big_bodies_at_the_proxy(fleet):
-    proxy, _servers = fleet
-    status, _headers, body = _get(proxy.http_url + "/login/")
-    assert status == 200 and b"<form" in body
-    status, headers, body = _get(proxy.http_url + "/static/canopy/live.js")
-    assert status == 200 and headers["Content-Type"].startswith("application/javascript"), headers
-    assert headers.get("Server", "").startswith("nginx") and b"WebSocket" in body
-    # Over the proxy's limits: answered by nginx, never sent upstream.
-    status, headers, _ = _get(proxy.http_url + "/api/runs", data=b"x" * (4 * 1024 * 1024 + 1))
-    assert status == 413 and headers.get("Server", "").startswith("nginx")
-    status, headers, _ = _get(proxy.http_url + "/mcp", data=b"x" * (2 * 1024 * 1024 + 1))
-    assert status == 413 and headers.get("Server", "").startswith("nginx")
-
-
-async def test_it_carries_runner_live_and_waiting_mcp_traffic_through_nginx(
+async def test_it_carries_pages_static_runner_live_and_waiting_mcp_traffic_through_nginx(
     fleet, live_clients, operator_token
 ):
     proxy, _servers = fleet
+    await asyncio.to_thread(_pages_and_limits, proxy)
     token = await sync_to_async(make_runner)("nginx-runner")
     async with LiveRunner(proxy, token) as runner:
         await runner.open("root-ng")
@@ -103,3 +90,16 @@ async def test_it_carries_runner_live_and_waiting_mcp_traffic_through_nginx(
             assert watcher.sequences("root-ng") == list(range(1, head + 1))
             texts = [e.get("text") for e in watcher.events("root-ng") if e["kind"] == "text"]
             assert texts == [f"line {i}" for i in range(20)]
+
+
+def _pages_and_limits(proxy):
+    status, _headers, body = _get(proxy.http_url + "/login/")
+    assert status == 200 and b"<form" in body
+    status, headers, body = _get(proxy.http_url + "/static/canopy/live.js")
+    assert status == 200 and headers["Content-Type"].startswith("application/javascript"), headers
+    assert headers.get("Server", "").startswith("nginx") and b"WebSocket" in body
+    # Over the proxy's limits: answered by nginx, never sent upstream.
+    status, headers, _ = _get(proxy.http_url + "/api/runs", data=b"x" * (4 * 1024 * 1024 + 1))
+    assert status == 413 and headers.get("Server", "").startswith("nginx")
+    status, headers, _ = _get(proxy.http_url + "/mcp", data=b"x" * (2 * 1024 * 1024 + 1))
+    assert status == 413 and headers.get("Server", "").startswith("nginx")
