@@ -28,7 +28,7 @@ import weakref
 
 from django.conf import settings
 
-from delegation import notify
+from delegation import metrics, notify
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,7 @@ class Hub:
                 await asyncio.sleep(0.5)
                 continue
             self.received += 1
+            metrics.LIVE_DOORBELLS.inc()
             try:
                 self.deliver(message)
             except Exception:
@@ -122,7 +123,24 @@ class Hub:
 _hubs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def hub_for(layer) -> Hub:
+class PerSocket:
+    """``LIVE_FANOUT=socket``: each socket joins its groups on its own channel, as before the
+    hub (one message per watcher); kept to measure against, and as a way back."""
+
+    def __init__(self, layer):
+        self.layer = layer
+
+    async def hold(self, group: str, connection) -> None:
+        await self.layer.group_add(group, connection.socket.channel_name)
+
+    async def release(self, group: str, connection) -> None:
+        with contextlib.suppress(Exception):
+            await self.layer.group_discard(group, connection.socket.channel_name)
+
+
+def hub_for(layer) -> Hub | PerSocket:
+    if settings.LIVE_FANOUT == "socket":
+        return PerSocket(layer)
     """This event loop's hub on ``layer`` (a daphne process has one loop)."""
     loop = asyncio.get_running_loop()
     hubs = _hubs.setdefault(loop, {})
