@@ -4,7 +4,8 @@ python -m bench                # everything
 python -m bench ingest read    # a subset (``rollups``: only the rollups on/off comparison)
 
 Each measure is its own module (``bench.ingest``, ``bench.read``, ``bench.push``,
-``bench.memory``, ``bench.tree``, ``bench.budget_stop``, ``bench.mcp``); ``bench.table`` holds the figures.
+``bench.memory``, ``bench.tree``, ``bench.budget_stop``, ``bench.mcp``,
+``bench.fleet``); ``bench.table`` holds the figures.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import sys
 import time
 
-from bench import budget_stop, ingest, memory, push, read, tree
+from bench import budget_stop, fleet, ingest, memory, push, read, tree
 from bench.servers import ROOT
 from bench.table import machine, notes, report, results
 
@@ -31,10 +32,11 @@ STEPS = {
     ),
     "tree100k": tree.tree100k,
     "stop": budget_stop.stop,
+    "fleet": lambda: fleet.main([]),
 }
 
 
-DEFAULT_STEPS = ["ingest", "read", "push", "memory", "tree", "tree100k", "stop"]
+DEFAULT_STEPS = ["ingest", "read", "push", "memory", "tree", "tree100k", "stop", "fleet"]
 
 
 def main(argv: list[str]):

@@ -14,14 +14,16 @@ import itertools
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import redis
+import websockets
 
-from bench.push import _percentile, _watcher
+from bench.push import _percentile
 from bench.rpc import Runner
 from bench.servers import REDIS_URL, Database, Server
 from bench.table import notes, results
@@ -48,11 +50,15 @@ def _scrape(server: Server) -> dict[str, float]:
     return found
 
 
-async def pipelined(runner: Runner, run_id: str, rate: float, seconds: float) -> dict:
+async def pipelined(
+    runner: Runner, run_id: str, rate: float, seconds: float, answered: dict | None = None
+) -> dict:
     """Send ``run.event`` at ``rate`` per second for ``seconds``, never waiting for answers;
-    a reader takes the answers (and accepts server commands) meanwhile."""
+    a reader takes the answers (and accepts server commands) meanwhile. ``answered`` gets
+    each event's answer time (ns) keyed by the send time it carries."""
     ws = runner.ws
-    sent_at: dict[int, float] = {}
+    answered = {} if answered is None else answered
+    sent_at: dict[int, tuple[float, int]] = {}
     answers: list[float] = []
     done = asyncio.Event()
     total = int(rate * seconds)
@@ -65,7 +71,8 @@ async def pipelined(runner: Runner, run_id: str, rate: float, seconds: float) ->
                 continue
             started = sent_at.pop(frame.get("id"), None)
             if started is not None:
-                answers.append((time.perf_counter() - started) * 1000)
+                answers.append((time.perf_counter() - started[0]) * 1000)
+                answered[started[1]] = time.perf_counter_ns()
         done.set()
 
     reader = asyncio.ensure_future(read())
@@ -76,9 +83,10 @@ async def pipelined(runner: Runner, run_id: str, rate: float, seconds: float) ->
         if delay > 0:
             await asyncio.sleep(delay)
         rpc_id = next(ids)
-        event = {"kind": "text-delta", "text": f"t={time.perf_counter_ns()}"}
+        sent_ns = time.perf_counter_ns()
+        event = {"kind": "text-delta", "text": f"t={sent_ns}"}
         params = {"runId": run_id, "from": index + 1, "events": [event]}
-        sent_at[rpc_id] = time.perf_counter()
+        sent_at[rpc_id] = (time.perf_counter(), sent_ns)
         await ws.send(
             json.dumps({"jsonrpc": "2.0", "id": rpc_id, "method": "run.event", "params": params})
         )
@@ -96,17 +104,40 @@ async def pipelined(runner: Runner, run_id: str, rate: float, seconds: float) ->
     }
 
 
-async def _measure(servers: list[Server], token: str, api_token: str, watchers: int, rate: float):
-    runner = await Runner.connect(servers[0].ws, token)
+async def _watch(url: str, api_token: str, run_id: str, seen: list, ready: asyncio.Event):
+    """A live socket recording (send time, arrival time) of every event, in ns."""
+    ws = await websockets.connect(
+        f"{url}/ws/live/", additional_headers={"Authorization": f"Bearer {api_token}"}
+    )
+    await ws.send(json.dumps({"type": "subscribe", "runId": run_id, "after": 0}))
+    try:
+        while True:
+            frame = json.loads(await ws.recv())
+            if frame.get("type") == "subscribed":
+                ready.set()
+            if frame.get("type") == "events":
+                now = time.perf_counter_ns()
+                for event in frame["events"]:
+                    if event.get("text", "").startswith("t="):
+                        seen.append((int(event["text"][2:]), now))
+    finally:
+        await ws.close()
+
+
+async def _measure(
+    servers: list[Server], token: str, api_token: str, watchers: int, rate: float, front=None
+):
+    # Through nginx, the runner and every watcher connect to the proxy, which spreads them.
+    urls = [front] if front else [server.ws for server in servers]
+    runner = await Runner.connect(urls[0], token)
     await runner.register()
     run_id = f"fleet-{time.time_ns()}"
     await runner.call("run.open", {"conversationId": f"c-{run_id}", "runId": run_id})
-    latencies: list[float] = []
+    seen: list[tuple[int, int]] = []
+    answered: dict[int, int] = {}
     readies = [asyncio.Event() for _ in range(watchers)]
     tasks = [
-        asyncio.ensure_future(
-            _watcher(servers[i % len(servers)].ws, api_token, run_id, latencies, ready)
-        )
+        asyncio.ensure_future(_watch(urls[i % len(urls)], api_token, run_id, seen, ready))
         for i, ready in enumerate(readies)
     ]
     await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 60)
@@ -115,10 +146,10 @@ async def _measure(servers: list[Server], token: str, api_token: str, watchers: 
     before = _commandstats(client)
     cpu_before = [_cpu_seconds(s.proc.pid) for s in servers]
     scraped_before = [_scrape(s) for s in servers]
-    sent = await pipelined(runner, run_id, rate, SECONDS)
+    sent = await pipelined(runner, run_id, rate, SECONDS, answered)
     deadline = time.monotonic() + 30
     total = int(rate * SECONDS)
-    while len(latencies) < total * watchers and time.monotonic() < deadline:
+    while len(seen) < total * watchers and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     after = _commandstats(client)
     cpu = sum(_cpu_seconds(s.proc.pid) - c for s, c in zip(servers, cpu_before, strict=True))
@@ -132,7 +163,11 @@ async def _measure(servers: list[Server], token: str, api_token: str, watchers: 
     def delta(name):
         return after.get(name, 0) - before.get(name, 0)
 
-    delivered = len(latencies)
+    delivered = len(seen)
+    latencies = [(now - sent_ns) / 1e6 for sent_ns, now in seen]
+    # From the runner's answer (the commit) to the watcher: the fan-out alone, whatever the
+    # ingest backlog in front of it.
+    fanout = [(now - answered[s]) / 1e6 for s, now in seen if s in answered]
     if delivered != total * watchers:
         notes.append(f"fleet: {delivered} of {total * watchers} deliveries observed")
     reads = sum(
@@ -147,6 +182,8 @@ async def _measure(servers: list[Server], token: str, api_token: str, watchers: 
         **sent,
         "push_p50_ms": round(_percentile(latencies, 0.5), 2) if latencies else None,
         "push_p99_ms": round(_percentile(latencies, 0.99), 2) if latencies else None,
+        "after_answer_p50_ms": round(_percentile(fanout, 0.5), 2) if fanout else None,
+        "after_answer_p99_ms": round(_percentile(fanout, 0.99), 2) if fanout else None,
         "delivered": delivered,
         # Redis commands per event: the sorted-set layer ZADDs each message to its channel
         # (and its receive ZADDs it again to a backup queue while it hands it over); pub/sub
@@ -161,7 +198,48 @@ async def _measure(servers: list[Server], token: str, api_token: str, watchers: 
     }
 
 
-def fleet(processes: int, watchers: int, rate: float, fanout: str = "process", layer="core"):
+class Nginx:
+    """The shipped site (deploy/nginx/canopy.conf) in front of the bench's processes."""
+
+    def __init__(self, servers: list[Server], tmp: str):
+        from canopy.proxy import render_main, render_site
+        from canopy.serving import PROJECT_DIR, answers, free_port
+
+        self.port = free_port()
+        work = Path(tmp) / "nginx"
+        work.mkdir(exist_ok=True)
+        site = render_site(
+            listen=f"127.0.0.1:{self.port}",
+            upstreams=[f"127.0.0.1:{server.port}" for server in servers],
+            static_root=PROJECT_DIR / "dashboard" / "static",
+        )
+        (work / "nginx.conf").write_text(render_main(site, work_dir=work))
+        self.proc = subprocess.Popen(
+            ["nginx", "-c", str(work / "nginx.conf"), "-p", str(work)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while not answers("127.0.0.1", self.port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    @property
+    def ws(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def fleet(
+    processes: int,
+    watchers: int,
+    rate: float,
+    fanout: str = "process",
+    layer: str = "core",
+    via: str = "direct",
+):
     db = Database("postgres")
     try:
         token = db.runner_token("fleet")
@@ -175,9 +253,14 @@ def fleet(processes: int, watchers: int, rate: float, fanout: str = "process", l
         }
         redis.Redis.from_url(REDIS_URL).flushdb()
         servers = [Server(db, **env) for _ in range(processes)]
+        front = Nginx(servers, db.tmp) if via == "nginx" else None
         try:
-            return asyncio.run(_measure(servers, token, api_token, watchers, rate))
+            return asyncio.run(
+                _measure(servers, token, api_token, watchers, rate, front and front.ws)
+            )
         finally:
+            if front is not None:
+                front.stop()
             for server in servers:
                 server.stop()
     finally:
@@ -194,6 +277,7 @@ CONFIGURATIONS = [
     (4, 200, 50, "socket", "core"),
     (4, 200, 50, "process", "core"),
     (4, 200, 200, "process", "core"),
+    (2, 20, 50, "process", "core", "nginx"),
 ]
 
 
@@ -203,11 +287,11 @@ def main(argv: list[str]) -> None:
         p, n, r, *rest = argv
         configs = [(int(p), int(n), float(r), *(rest or ["process"]))]
     for config in configs:
-        key = "fleet_{}p_{}w_{:g}r_{}{}".format(
-            *config[:4], "" if len(config) < 5 or config[4] == "core" else "_" + config[4]
-        )
+        key = "fleet_{}p_{}w_{:g}r_{}".format(*config[:4])
+        key += "".join(f"_{extra}" for extra in config[4:] if extra not in ("core", "direct"))
         figures = fleet(*config)
-        results[key] = figures
+        for name, value in figures.items():
+            results[f"{key}_{name}"] = value
         print(key, json.dumps(figures), flush=True)
     print("\n".join(notes))
 

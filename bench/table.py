@@ -51,6 +51,13 @@ TARGETS = [
     ("budget_overshoot_pct_redis_down", None, None),
     ("operator_cancel_delivery_ms_redis_up", "<=", 1000),
     ("operator_cancel_delivery_ms_redis_down", None, None),
+    # Issue 26 (bench.fleet): at 200 events/s actually sent, per-process fan-out.
+    ("fleet_2p_20w_200r_process_push_p99_ms", "<=", 50),
+    ("fleet_4p_200w_200r_process_push_p99_ms", "<=", 100),
+    ("fleet_2p_20w_200r_process_doorbells_taken_per_event", "<=", 2),
+    ("fleet_4p_200w_200r_process_doorbells_taken_per_event", "<=", 4),
+    ("fleet_2p_20w_200r_process_live_reads_per_event_per_process", "<=", 1),
+    ("fleet_4p_200w_200r_process_live_reads_per_event_per_process", "<=", 1),
 ]
 
 
