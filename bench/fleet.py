@@ -14,7 +14,6 @@ import itertools
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 import urllib.request
@@ -27,8 +26,10 @@ from bench.push import _percentile
 from bench.rpc import Runner
 from bench.servers import REDIS_URL, Database, Server
 from bench.table import notes, results
+from canopy.proxy import ForegroundNginx
 
 SECONDS = 5
+CONNECTING = asyncio.Semaphore(10)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -106,9 +107,19 @@ async def pipelined(
 
 async def _watch(url: str, api_token: str, run_id: str, seen: list, ready: asyncio.Event):
     """A live socket recording (send time, arrival time) of every event, in ns."""
-    ws = await websockets.connect(
-        f"{url}/ws/live/", additional_headers={"Authorization": f"Bearer {api_token}"}
-    )
+    async with CONNECTING:  # 200 handshakes at once overflow a loaded daphne's accept queue
+        for attempt in range(5):
+            try:
+                ws = await websockets.connect(
+                    f"{url}/ws/live/",
+                    additional_headers={"Authorization": f"Bearer {api_token}"},
+                    open_timeout=30,
+                )
+                break
+            except (OSError, websockets.InvalidHandshake, TimeoutError):
+                if attempt == 4:
+                    raise
+                await asyncio.sleep(0.5 * (attempt + 1))
     await ws.send(json.dumps({"type": "subscribe", "runId": run_id, "after": 0}))
     try:
         while True:
@@ -140,7 +151,7 @@ async def _measure(
         asyncio.ensure_future(_watch(urls[i % len(urls)], api_token, run_id, seen, ready))
         for i, ready in enumerate(readies)
     ]
-    await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 60)
+    await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 120)
     await asyncio.sleep(0.5)
     client = redis.Redis.from_url(REDIS_URL)
     before = _commandstats(client)
@@ -198,40 +209,6 @@ async def _measure(
     }
 
 
-class Nginx:
-    """The shipped site (deploy/nginx/canopy.conf) in front of the bench's processes."""
-
-    def __init__(self, servers: list[Server], tmp: str):
-        from canopy.proxy import render_main, render_site
-        from canopy.serving import PROJECT_DIR, answers, free_port
-
-        self.port = free_port()
-        work = Path(tmp) / "nginx"
-        work.mkdir(exist_ok=True)
-        site = render_site(
-            listen=f"127.0.0.1:{self.port}",
-            upstreams=[f"127.0.0.1:{server.port}" for server in servers],
-            static_root=PROJECT_DIR / "dashboard" / "static",
-        )
-        (work / "nginx.conf").write_text(render_main(site, work_dir=work))
-        self.proc = subprocess.Popen(
-            ["nginx", "-c", str(work / "nginx.conf"), "-p", str(work)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while not answers("127.0.0.1", self.port) and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-    @property
-    def ws(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(10)
-
-
 def fleet(
     processes: int,
     watchers: int,
@@ -253,14 +230,16 @@ def fleet(
         }
         redis.Redis.from_url(REDIS_URL).flushdb()
         servers = [Server(db, **env) for _ in range(processes)]
-        front = Nginx(servers, db.tmp) if via == "nginx" else None
+        front = None
+        if via == "nginx":
+            front = ForegroundNginx([server.port for server in servers]).start()
         try:
             return asyncio.run(
-                _measure(servers, token, api_token, watchers, rate, front and front.ws)
+                _measure(servers, token, api_token, watchers, rate, front and front.ws_base)
             )
         finally:
             if front is not None:
-                front.stop()
+                front.close()
             for server in servers:
                 server.stop()
     finally:

@@ -6,10 +6,14 @@ tests run through is what a deployment installs."""
 from __future__ import annotations
 
 import argparse
+import shutil
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
-from canopy.serving import PROJECT_DIR
+from canopy.serving import PROJECT_DIR, answers, free_port
 
 SITE_TEMPLATE = PROJECT_DIR / "deploy" / "nginx" / "canopy.conf"
 
@@ -58,6 +62,68 @@ http {{
 {site}
 }}
 """
+
+
+class ForegroundNginx:
+    """nginx of its own (not the system's service) with the shipped site in front of
+    ``upstream_ports`` on a free port: for the tests and the bench. The app's static folder
+    stands in for collectstatic's output."""
+
+    def __init__(self, upstream_ports: list[int], static_root: Path | None = None):
+        self.work_dir = Path(tempfile.mkdtemp(prefix="canopy-nginx-"))
+        self.port = free_port()
+        site = render_site(
+            listen=f"127.0.0.1:{self.port}",
+            upstreams=[f"127.0.0.1:{port}" for port in upstream_ports],
+            static_root=static_root or PROJECT_DIR / "dashboard" / "static",
+        )
+        self.config = self.work_dir / "nginx.conf"
+        self.config.write_text(render_main(site, work_dir=self.work_dir))
+        self.log_path = self.work_dir / "error.log"
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_base(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> ForegroundNginx:
+        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [nginx, "-c", str(self.config), "-p", str(self.work_dir)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"nginx exited with {self.process.returncode}:\n{self.log()}")
+            if answers("127.0.0.1", self.port, timeout=0.2):
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"nginx did not answer on {self.port}:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-20000:] if self.log_path.exists() else ""
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()  # SIGTERM: nginx's fast shutdown
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.work_dir, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:
