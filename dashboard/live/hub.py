@@ -66,6 +66,9 @@ class Hub:
         del self.members[group]
         with contextlib.suppress(Exception):
             await self.layer.group_discard(group, self.channel)
+        if group in self.members:
+            # Held again while the discard was on its way: it must not win.
+            await self.layer.group_add(group, self.channel)
         if not self.members:
             # Nobody local watches anything: stop listening (a test's event loop can end).
             for task in self.tasks:
