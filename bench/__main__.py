@@ -5,7 +5,7 @@ python -m bench ingest read    # a subset (``rollups``: only the rollups on/off 
 
 Each measure is its own module (``bench.ingest``, ``bench.read``, ``bench.push``,
 ``bench.memory``, ``bench.tree``, ``bench.budget_stop``, ``bench.mcp``, ``bench.sandbox``,
-``bench.traces``); ``bench.table`` holds the figures.
+``bench.traces``, ``bench.fleet``); ``bench.table`` holds the figures.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 import sys
 import time
 
-from bench import budget_stop, ingest, memory, push, read, sandbox, traces, tree
+from bench import budget_stop, fleet, ingest, memory, push, read, sandbox, traces, tree
 from bench.servers import ROOT
 from bench.table import machine, notes, report, results
 
@@ -38,6 +38,7 @@ STEPS = {
     "traces_export": traces.export_throughput,
     # Issue 28: a retention pass's rows/s, and ingest during it vs without.
     "retention": lambda: __import__("bench.retention").retention.retention(),
+    "fleet": lambda: fleet.main([]),
 }
 
 
@@ -51,6 +52,7 @@ DEFAULT_STEPS = [
     "stop",
     "sandbox",
     "traces",
+    "fleet",
 ]
 
 

@@ -47,6 +47,11 @@ async def subscribe(server: Server, api_token: str, run_id: str, on_events, read
             frame = json.loads(await ws.recv())
             if frame.get("type") == "subscribed":
                 ready.set()
+            elif frame.get("type") == "error" and frame.get("code") == "not_found":
+                # Subscribed before the run was opened (a race the subscriber can lose, and
+                # then measured nothing): ask again until it exists.
+                await asyncio.sleep(0.005)
+                await ws.send(json.dumps({"type": "subscribe", "runId": run_id, "after": 0}))
             elif frame.get("type") == "events":
                 on_events(time.monotonic_ns(), frame["events"])
     finally:

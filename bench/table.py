@@ -55,6 +55,13 @@ TARGETS = [
     ("ingest_sqlite_trace_export_ratio", ">=", 0.9),
     ("trace_export_spans_per_s", None, None),
     ("trace_export_10k_runs_seconds", "<=", 60),
+    # Issue 26 (bench.fleet): at 200 events/s actually sent, per-process fan-out.
+    ("fleet_2p_20w_200r_process_push_p99_ms", "<=", 50),
+    ("fleet_4p_200w_200r_process_push_p99_ms", "<=", 100),
+    ("fleet_2p_20w_200r_process_doorbells_taken_per_event", "<=", 2),
+    ("fleet_4p_200w_200r_process_doorbells_taken_per_event", "<=", 4),
+    ("fleet_2p_20w_200r_process_live_reads_per_event_per_process", "<=", 1),
+    ("fleet_4p_200w_200r_process_live_reads_per_event_per_process", "<=", 1),
 ]
 
 

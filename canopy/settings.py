@@ -252,6 +252,13 @@ if REDIS_URL:
             },
         }
     }
+    # The bench's comparison (issue 26): channels-redis's pub/sub layer, which fans out per
+    # process by itself but keeps no capacity and does not outlive a Redis outage as ours does.
+    if env_str("REDIS_CHANNEL_LAYER", "core") == "pubsub":
+        CHANNEL_LAYERS["default"] = {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
 else:
     CHANNEL_LAYERS = {
         "default": {
@@ -289,6 +296,11 @@ UPKEEP_IN_PROCESS = env_bool("UPKEEP_IN_PROCESS", True)
 # Usage rollups on the ingest path (SPEC §10). Switched off only by the benchmark, to measure
 # ingest with and without them in the same run; budgets on usage need them.
 ROLLUPS_ENABLED = env_bool("ROLLUPS_ENABLED", True)
+# Live doorbells: "process" joins each channel group once per process and fans out to its
+# sockets (one message per process); "socket" joins per socket (one message per watcher).
+LIVE_FANOUT = env_str("LIVE_FANOUT", "process").strip() or "process"
+if LIVE_FANOUT not in ("process", "socket"):
+    raise ImproperlyConfigured(f"LIVE_FANOUT must be process or socket, got {LIVE_FANOUT!r}")
 LIVE_HEARTBEAT_SECONDS = env_float("LIVE_HEARTBEAT_SECONDS", 10.0, minimum=0.05)
 # Unsent bytes a live socket may pile up before it pauses: nothing more is sent until the
 # client has taken half of it, then it resumes from the database (the socket stays open).

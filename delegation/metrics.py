@@ -89,6 +89,16 @@ LIVE_SOCKETS = Gauge(
     multiprocess_mode="livesum",
 )
 
+# Live fan-out per process (dashboard.live.hub): the bench divides these by events delivered.
+LIVE_READS = Counter(
+    "canopy_live_reads",
+    "Database reads of a run's state and events made for live sockets (shared per process)",
+)
+LIVE_DOORBELLS = Counter(
+    "canopy_live_doorbells",
+    "Channel-layer messages taken off the layer for live sockets",
+)
+
 # Events older than this when pushed are a replay of history (a subscription from the
 # start), not a push: they would say nothing about latency.
 PUSH_OBSERVE_MAX_AGE = 60.0

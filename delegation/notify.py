@@ -66,6 +66,8 @@ async def ring_collected(bells: dict[tuple, dict]) -> None:
 
 
 def _send(group: str, message: dict) -> None:
+    # The group rides along: a process's live hub hands the ring to the sockets holding it.
+    message = {**message, "group": group}
     bells = getattr(_local, "bells", None)
     if bells is not None:
         # One ring per group and run: listeners read the database anyway, but a tree's

@@ -20,6 +20,7 @@ from dashboard.live import backpressure
 from dashboard.live.backpressure import MAX_OWED_REPLIES, Backlogged
 from dashboard.live.frames import SubscribeRoots, SubscribeRun, SubscribeTree, Unsubscribe
 from dashboard.live.gate import recheck
+from dashboard.live.hub import hub_for
 from dashboard.live.overview import RootSubscriptions
 from dashboard.live.read_cache import note_head
 from dashboard.live.runners import RunnerSubscription
@@ -65,9 +66,11 @@ class Connection:
     async def stop(self):
         for task in self.tasks:
             task.cancel()
+        hub = hub_for(self.socket.channel_layer)
         for group in list(self.groups_held):
+            self.groups_held.pop(group, None)
             with contextlib.suppress(Exception):
-                await self.socket.channel_layer.group_discard(group, self.socket.channel_name)
+                await hub.release(group, self)
 
     # --- work in ----------------------------------------------------------------------------
 
@@ -101,18 +104,20 @@ class Connection:
             self.wake.set()
 
     # --- channel groups, counted (several subscriptions may share one) ------------------------
+    # Held through the process's hub (dashboard.live.hub): the process joins a group once,
+    # whatever the number of its sockets that follow it.
 
     async def hold(self, group: str):
         count = self.groups_held.get(group, 0)
         self.groups_held[group] = count + 1
         if count == 0:
-            await self.socket.channel_layer.group_add(group, self.socket.channel_name)
+            await hub_for(self.socket.channel_layer).hold(group, self)
 
     async def release(self, group: str):
         count = self.groups_held.get(group, 0) - 1
         if count <= 0:
             self.groups_held.pop(group, None)
-            await self.socket.channel_layer.group_discard(group, self.socket.channel_name)
+            await hub_for(self.socket.channel_layer).release(group, self)
         else:
             self.groups_held[group] = count
 
@@ -161,9 +166,8 @@ class Connection:
             self.jobs.clear()
             await self.socket.close(code=code)
             raise Closed
-        # Re-join every group: a Redis restart forgets memberships, and doorbells with them.
-        for group in list(self.groups_held):
-            await self.socket.channel_layer.group_add(group, self.socket.channel_name)
+        # The hub re-joins the process's groups after a Redis restart; this catches up what
+        # was rung while they were forgotten.
         await self.catch_up_all()
         await self.send(
             {

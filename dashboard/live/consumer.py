@@ -150,10 +150,11 @@ class LiveConsumer(AsyncWebsocketConsumer):
         else:
             conn.schedule(lambda: conn.subscribe(frame))
 
-    # --- doorbells (delegation.notify) --------------------------------------------------------
+    # --- doorbells on this socket's own channel (LIVE_FANOUT=socket; else dashboard.live.hub)
 
     async def run_changed(self, message):
         if self.connection is not None:
+            metrics.LIVE_DOORBELLS.inc()
             self.connection.ring_run(message)
 
     async def runner_changed(self, message):

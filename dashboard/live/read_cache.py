@@ -11,7 +11,7 @@ import asyncio
 
 from channels.db import database_sync_to_async
 
-from delegation import selectors
+from delegation import metrics, selectors
 
 
 def read_off_thread(function):
@@ -21,6 +21,7 @@ def read_off_thread(function):
 
 
 def _run_delta(run_pk: int, after: int, limit: int):
+    metrics.LIVE_READS.inc()
     run = selectors.get_run_by_pk(run_pk)
     if run is None:
         return None, []
