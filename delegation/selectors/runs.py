@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
 
-from delegation.models import Event, Run, RunStatus, Session, SteerReceipt
+from delegation.models import Command, Event, Run, RunStatus, Session, SteerReceipt
 from delegation.selectors.events import millis
 from delegation.selectors.usage import tree_usage_values, usage_values
 
@@ -255,8 +255,13 @@ def sessions_matching(
 
 
 def steer_receipts(run: Run) -> list:
-    """Every steer of one run, oldest first, with how each one turned out."""
-    return list(SteerReceipt.objects.filter(run=run).order_by("created_at", "id"))
+    """Every steer of one run, oldest first, with how each one turned out (``accepted``: the
+    runner answered its ``run.steer`` with ``injected``)."""
+    accepted = Command.objects.filter(
+        steer=OuterRef("pk"), answered_at__isnull=False, result__outcome="injected"
+    )
+    receipts = SteerReceipt.objects.filter(run=run).annotate(accepted=Exists(accepted))
+    return list(receipts.order_by("created_at", "id"))
 
 
 def run_request(run: Run) -> dict:

@@ -291,8 +291,9 @@ class SteerReceiptOut(Schema):
     outcome: str = Field(description="The answer the steer got: injected | promptRequired")
     reason: str = Field(description="With promptRequired: noRunningTurn; else empty")
     delivery: str = Field(
-        description="queued (injected, the runner has not refused it), undelivered (the "
-        "runner answered run.steer with something else, e.g. promptRequired), or not-sent"
+        description="delivered (the runner answered run.steer with injected), queued "
+        "(injected, the runner has not answered yet), undelivered (the runner answered "
+        "run.steer with something else, e.g. promptRequired), or not-sent"
     )
     runnerOutcome: str = Field(description="With undelivered: the runner's outcome")
     runnerReason: str = Field(description="With undelivered: the runner's reason")
