@@ -127,7 +127,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     roots.add_argument("--demo-interval", type=float, default=5.0)
     roots.add_argument("--demo-max-live", type=int, default=6, help="roots running at once")
-    roots.add_argument("--demo-roots", type=int, default=0, help="stop after N roots (0: never)")
+    roots.add_argument(
+        "--demo-roots",
+        type=int,
+        default=0,
+        help="open N demo roots, then exit once no run is live on this runner (0: never)",
+    )
     return parser
 
 
@@ -393,7 +398,9 @@ async def demo(host: RunnerHost, engine: ScriptedEngine, args) -> None:
                 live.append(ctx.run_id)
                 log.info("demo: opened root %s (%s)", ctx.run_id, path)
         await asyncio.sleep(args.demo_interval)
-    while any(run_id in host.runs for run_id in live):
+    # Done opening demo roots, not done serving: runs operators launched on this runner (and
+    # every child) keep it up; returning while one lives would stop the runner and cancel them.
+    while host.runs:
         await asyncio.sleep(0.5)
 
 
