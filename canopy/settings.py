@@ -385,6 +385,8 @@ LOGOUT_REDIRECT_URL = "login"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    # Ordinary events (a 403, a client gone mid-answer) log one line, not a traceback.
+    "filters": {"ordinary": {"()": "delegation.logfilters.OrdinaryEvents"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["ordinary"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "WARNING")},
 }

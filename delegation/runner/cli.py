@@ -15,6 +15,7 @@ import sys
 
 from delegation import depth as depthlib
 from delegation.client import AuthenticationFailed, ClientError, Fenced, server_urls
+from delegation.logfilters import OrdinaryEvents
 from delegation.runner.command import CommandEngine
 from delegation.runner.host import RunnerHost
 from delegation.runner.presets import load_config
@@ -420,6 +421,7 @@ def configure_logging(level: str) -> None:
     if not canopy.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.addFilter(OrdinaryEvents())  # a child torn down after its cancel: one line
         canopy.addHandler(handler)
         canopy.propagate = False  # not twice through a root handler Django may have set up
     logging.getLogger("websockets").setLevel(logging.WARNING)
