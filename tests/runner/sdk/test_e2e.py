@@ -586,7 +586,7 @@ def test_it_prepares_the_demo_operator_and_a_fresh_runner_token():
 
     password, token = prepare()
     user = authenticate(username="demo", password=password)
-    assert user is not None and user.is_staff and roles.role_of(user) == roles.OPERATOR
+    assert user is not None and user.is_staff and roles.role_of(user) == roles.ADMIN
     assert tokens.authenticate_runner(token).name == "demo-runner"
     # Run again: a new password and a rotated token; the old ones stop working.
     password2, token2 = prepare()
