@@ -278,7 +278,7 @@ def run_request(run: Run) -> dict:
     if run.parent_id:
         how = "mcp" if via == "mcp" else "runner"
         by = f"{'MCP delegate' if how == 'mcp' else 'child.start'} from run {run.parent.run_id}"
-    elif request:
+    elif request and via == "launch":
         how = "launch"
         entry = (
             AuditEntry.objects.filter(target_id=run.run_id, action__icontains="launch")
