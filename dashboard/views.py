@@ -120,6 +120,20 @@ def _context(request, **extra) -> dict:
 _ms = selectors.millis
 
 
+def _overview() -> dict:
+    """The trees page's headline numbers, and the same as JSON for its charts."""
+    numbers = selectors.overview_numbers()
+    as_json = {
+        **numbers,
+        "at": _ms(numbers["at"]),
+        "costByHour": [
+            {"hourStart": _ms(h["hourStart"]), "costUsd": h["costUsd"]}
+            for h in numbers["costByHour"]
+        ],
+    }
+    return {"overview": numbers, "overview_json": as_json}
+
+
 @require_GET
 def home(request):
     """Open on a live tree: the newest tree that is still running, else the overview."""
@@ -181,6 +195,7 @@ def trees(request):
         profiles=selectors.root_profiles(),
         since_choices=SINCE_CHOICES,
         f={"status": status, "runner": runner, "profile": profile, "since": since, "q": query},
+        **_overview(),
         query_string=query_string.urlencode(),
         live_roots=[row["run"].run_id for row in rows],
     )

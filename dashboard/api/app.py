@@ -1,6 +1,15 @@
 """The REST API object: built here, with every resource's router added; ``urls`` mounts it."""
 
-from dashboard.api import alerts, audit, leases, run_actions, runners, runs, sessions  # noqa: F401
+from dashboard.api import (  # noqa: F401
+    alerts,
+    audit,
+    leases,
+    overview,  # issue 25: the overview's headline numbers
+    run_actions,
+    runners,
+    runs,
+    sessions,
+)
 from dashboard.api.core import AUTH, ERRORS_DOC, CanopyAPI, StrictParser, install_error_handlers
 
 DESCRIPTION = (
@@ -50,5 +59,6 @@ for router in (
     runners.router,
     audit.router,
     alerts.router,
+    overview.router,
 ):
     api.add_router("", router)

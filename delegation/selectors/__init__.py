@@ -17,6 +17,7 @@ from delegation.selectors.events import (
     millis,
 )
 from delegation.selectors.leases import get_lease, leases_held_by, leases_matching
+from delegation.selectors.overview import overview_numbers
 from delegation.selectors.runners import (
     fence_states,
     launch_choices,
@@ -129,6 +130,7 @@ __all__ = [
     "sessions_matching",
     "snapshot",
     "steer_receipts",
+    "overview_numbers",
     "subtree_row_values",
     "preorder",
     "subtree_rows_by_pk",

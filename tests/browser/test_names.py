@@ -46,3 +46,42 @@ def test_it_names_a_root_opened_by_its_runner_by_its_task_on_every_page(
     assert page.inner_text("h1 [data-role=task]") == TASK
     assert TASK in page.inner_text("[data-field=message]")
     page.screenshot(path=str(screenshot_name("names-run")))
+
+
+def _usage(cost: float) -> dict:
+    return {"kind": "usage", "input": {"inputTokens": 100, "outputTokens": 20, "costUsd": cost}}
+
+
+def test_it_shows_overview_numbers_equal_to_the_rest_counts(server, runner, browser, operator):
+    runner.open("root-a", message="Fix the flaky login test")
+    runner.emit("root-a", _usage(0.25))
+    runner.child("root-a", "req-1", message="Read the CI log")
+    runner.open("root-b", message="Upgrade the database driver")
+    runner.emit("root-b", _usage(0.5))
+    runner.finish("root-b", error="driver would not build")
+    page = browser()
+    sign_in(page, server.http_url, operator.username, PASSWORD)
+    page.goto(f"{server.http_url}/trees/")
+    rest = page.request.get(f"{server.http_url}/api/overview").json()
+    assert (rest["liveRuns"], rest["failedLastHour"], rest["liveRoots"]) == (2, 1, 1)
+    assert rest["costLastDayUsd"] == pytest.approx(0.75)
+    shown = {
+        card.get_attribute("data-stat"): card.locator("[data-role=value]").inner_text()
+        for card in page.locator("#overview-stats [data-stat]").all()
+    }
+    assert shown == {
+        "liveRuns": str(rest["liveRuns"]),
+        "failedLastHour": str(rest["failedLastHour"]),
+        "failedLastDay": str(rest["failedLastDay"]),
+        "costLastHourUsd": f"${rest['costLastHourUsd']:.4f}",
+        "costLastDayUsd": f"${rest['costLastDayUsd']:.4f}",
+    }
+    # Every colour has its legend; the status bar has one segment per status present.
+    legend = page.locator("[data-role=status-legend] [data-status]")
+    assert {item.get_attribute("data-status") for item in legend.all()} >= {"running", "failed"}
+    assert page.locator("#status-chart .seg").count() == 2
+    assert page.locator("#cost-chart rect.bar-cost").count() == 24
+    # Live: a failure committed after the page loaded shows within a refresh.
+    runner.finish("root-a", error="gave up")
+    page.wait_for_selector('[data-stat=failedLastHour] [data-role=value]:text-is("2")')
+    page.screenshot(path=str(screenshot_name("overview")))
