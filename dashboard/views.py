@@ -35,7 +35,7 @@ from delegation.models import (
     RunStatus,
 )
 from delegation.services.budgets import do_set_budget
-from delegation.services.launch import Launch, do_launch_run
+from delegation.services.launch import Launch, do_launch_run, do_relaunch_run
 from delegation.services.operator import Actor, do_cancel_run, release_lease
 from delegation.wire import BudgetLimits, parse_model
 
@@ -269,6 +269,7 @@ def run_detail(request, run_id):
             )
         ],
         live_descendants=live,
+        links=selectors.relaunch_links(run),
         stop_subtree=live + (0 if run.is_terminal else 1),
         held_leases=[
             {"lease": lease, "expires_ms": _ms(lease.expires_at), "live": lease.is_live()}
@@ -355,6 +356,20 @@ def run_cancel(request, run_id):
         f" and {stopped} live descendant{'s' if stopped != 1 else ''}" if cascade else ""
     )
     return _done(request, run, text)
+
+
+@require_POST
+@viewer_required
+def run_relaunch(request, run_id):
+    """The run page's relaunch form: a new top-level run from this one, message editable."""
+    run = _run_or_404(run_id)
+    message = request.POST.get("message", "")
+    try:
+        result = do_relaunch_run(_actor(request), run, message=message or None)
+    except (PermissionRefused, RpcError) as exc:
+        return _refused(request, exc)
+    messages.success(request, f"Relaunched {run.run_id} as {result['runId']}")
+    return redirect("run", result["runId"])
 
 
 @require_POST

@@ -199,6 +199,7 @@ def get_run(request, runId: str):  # noqa: N803
         createdAt=run.created_at,
         updatedAt=run.updated_at,
         finishedAt=run.finished_at,
+        **selectors.relaunch_links(run),
     )
     result["usage"], result["budget"] = selectors.usage_of_run(run)
     return result

@@ -254,6 +254,18 @@ def sessions_matching(
     )
 
 
+def relaunch_links(run: Run) -> dict:
+    """Which run this one was relaunched from, and the runs relaunched from it."""
+    return {
+        "relaunchedFrom": run.relaunched_from.run_id if run.relaunched_from_id else None,
+        "relaunches": list(
+            Run.objects.filter(relaunched_from=run)
+            .order_by("created_at", "id")
+            .values_list("run_id", flat=True)
+        ),
+    }
+
+
 def steer_receipts(run: Run) -> list:
     """Every steer of one run, oldest first, with how each one turned out (``accepted``: the
     runner answered its ``run.steer`` with ``injected``)."""

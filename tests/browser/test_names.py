@@ -85,3 +85,51 @@ def test_it_shows_overview_numbers_equal_to_the_rest_counts(server, runner, brow
     runner.finish("root-a", error="gave up")
     page.wait_for_selector('[data-stat=failedLastHour] [data-role=value]:text-is("2")')
     page.screenshot(path=str(screenshot_name("overview")))
+
+
+def test_it_relaunches_a_run_with_an_edited_message_linked_to_the_original(
+    server, runner, browser, operator, operator_token
+):
+    from django.core.management import call_command
+
+    from delegation.models import AuditEntry, Run
+
+    api = {"Authorization": f"Bearer {operator_token}"}
+    page = browser()
+    sign_in(page, server.http_url, operator.username, PASSWORD)
+    launched = page.request.post(
+        f"{server.http_url}/api/runs",
+        headers=api,
+        data={
+            "runner": "runner-b",
+            "profile": "worker",
+            "message": "Count the TODOs",
+            "budget": {"maxRuns": 7},
+        },
+    )
+    assert launched.status == 201, launched.text()
+    original = launched.json()["runId"]
+    page.goto(f"{server.http_url}/runs/{original}/")
+    page.fill("#relaunch-message", "Count the TODOs and the FIXMEs")
+    with page.expect_navigation():
+        page.click("[data-action=relaunch]")
+    again = page.inner_text("h1 [data-role=run-id]")
+    assert again != original
+    assert page.inner_text("[data-role=relaunched-from]") == original
+    assert page.inner_text("h1 [data-role=task]") == "Count the TODOs and the FIXMEs"
+    page.screenshot(path=str(screenshot_name("relaunch")))
+    detail = page.request.get(f"{server.http_url}/api/runs/{again}", headers=api).json()
+    assert detail["relaunchedFrom"] == original and detail["profile"] == "worker"
+    assert detail["budget"]["limits"]["maxRuns"]["limit"] == 7  # the same budget
+    assert page.request.get(f"{server.http_url}/api/runs/{original}", headers=api).json()[
+        "relaunches"
+    ] == [again]
+    # REST: without a message, the original's message runs again.
+    third = page.request.post(f"{server.http_url}/api/runs/{original}/relaunch", headers=api)
+    assert third.status == 201, third.text()
+    assert Run.objects.get(run_id=third.json()["runId"]).request["message"] == "Count the TODOs"
+    # manage.py launch --from, with a new message.
+    call_command("launch", "--from", original, "--message", "Only the FIXMEs")
+    fourth = Run.objects.filter(relaunched_from__run_id=original).order_by("-id").first()
+    assert fourth.request["message"] == "Only the FIXMEs" and fourth.via == "launch"
+    assert AuditEntry.objects.filter(action="launch", outcome="launched").count() == 4

@@ -24,6 +24,19 @@ from delegation.protocol import MAX_STEER_BYTES
 from delegation.wire import MAX_MESSAGE_BYTES, Strict, utf8_len
 
 
+class RelaunchBody(Strict):
+    """Start the run again: a new top-level run with its runner, preset, working directory
+    and budget, linked to it (`relaunchedFrom`)."""
+
+    message: str = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_MESSAGE_BYTES,
+        description="The task; omit it to run the original's message again.",
+        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
+    )
+
+
 class CancelBody(Strict):
     """Cancel a run; with `cascade`, also every live run below it."""
 
@@ -246,6 +259,10 @@ class RunDetail(Schema):
     )
     cancelRequestedAt: datetime | None
     cancelReason: str
+    relaunchedFrom: str | None = Field(  # noqa: N815
+        description="The runId this run was relaunched from (null when it was not)"
+    )
+    relaunches: list[str] = Field(description="The runIds relaunched from this run, oldest first")
     createdAt: datetime
     updatedAt: datetime
     finishedAt: datetime | None
