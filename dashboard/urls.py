@@ -16,6 +16,7 @@ urlpatterns = [
     path("runs/<str:run_id>/cancel/", views.run_cancel, name="run-cancel"),
     path("runs/<str:run_id>/budget/", views.run_budget, name="run-budget"),
     path("runs/<str:run_id>/relaunch/", views.run_relaunch, name="run-relaunch"),
+    path("runs/<str:run_id>/compare/", views.run_compare, name="run-compare"),
     path("leases/<int:pk>/release/", views.lease_release, name="lease-release"),
     path("runners/", views.runners, name="runners"),
     path("audit/", views.audit, name="audit"),

@@ -358,6 +358,28 @@ def run_cancel(request, run_id):
     return _done(request, run, text)
 
 
+@require_GET
+@viewer_required
+def run_compare(request, run_id):
+    """Two runs side by side: ``/runs/<a>/compare/?with=<b>`` (the run page's "compare with")."""
+    other = request.GET.get("with", "").strip()
+    cmp = selectors.compare_runs(_run_or_404(run_id), _run_or_404(other))
+    deltas = cmp["deltas"]
+    return render(
+        request,
+        "compare.html",
+        _context(
+            request,
+            cmp=cmp,
+            sides=[{"key": "a", "run": cmp["a"]}, {"key": "b", "run": cmp["b"]}],
+            cost_delta=f"{deltas['costUsd']:+.4f}",
+            duration_delta=(
+                f"{deltas['durationSeconds']:+.1f}" if deltas["durationSeconds"] is not None else ""
+            ),
+        ),
+    )
+
+
 @require_POST
 @viewer_required
 def run_relaunch(request, run_id):

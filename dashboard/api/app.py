@@ -3,6 +3,7 @@
 from dashboard.api import (  # noqa: F401
     alerts,
     audit,
+    compare,  # issue 25: two runs side by side
     leases,
     overview,  # issue 25: the overview's headline numbers
     run_actions,
@@ -60,5 +61,6 @@ for router in (
     audit.router,
     alerts.router,
     overview.router,
+    compare.router,
 ):
     api.add_router("", router)

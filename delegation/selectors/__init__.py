@@ -5,6 +5,7 @@ Callers import from here (``from delegation import selectors``); the topic modul
 """
 
 from delegation.selectors.audit import audit_actions, audit_entries, audit_rows, cancel_report
+from delegation.selectors.compare import compare_runs
 from delegation.selectors.events import (
     EVENT_FIELDS,
     EXPORT_EVENT_COLUMNS,
@@ -133,6 +134,7 @@ __all__ = [
     "snapshot",
     "steer_receipts",
     "overview_numbers",
+    "compare_runs",
     "subtree_row_values",
     "preorder",
     "subtree_rows_by_pk",

@@ -133,3 +133,52 @@ def test_it_relaunches_a_run_with_an_edited_message_linked_to_the_original(
     fourth = Run.objects.filter(relaunched_from__run_id=original).order_by("-id").first()
     assert fourth.request["message"] == "Only the FIXMEs" and fourth.via == "launch"
     assert AuditEntry.objects.filter(action="launch", outcome="launched").count() == 4
+
+
+def _tool(name: str, call: str) -> dict:
+    return {"kind": "tool-use", "toolName": name, "toolCallId": call, "input": {}}
+
+
+def test_it_compares_two_seeded_runs_step_by_step_with_the_deltas(
+    server, runner, browser, operator, operator_token
+):
+    runner.open("cmp-a", message="Find the slow query")
+    runner.emit(
+        "cmp-a",
+        _tool("Read", "a1"),
+        _tool("Grep", "a2"),
+        {"kind": "text", "text": "It is the join"},
+    )
+    runner.emit("cmp-a", _usage(0.1))
+    runner.finish("cmp-a", output="the join")
+    runner.open("cmp-b", message="Find the slow query")
+    runner.emit(
+        "cmp-b",
+        _tool("Read", "b1"),
+        _tool("Bash", "b2"),  # the seeded extra step
+        _tool("Grep", "b3"),
+        {"kind": "text", "text": "It is the index"},  # the seeded changed text
+    )
+    runner.emit("cmp-b", _usage(0.3))
+    runner.finish("cmp-b", error="gave up")
+    page = browser()
+    sign_in(page, server.http_url, operator.username, PASSWORD)
+    page.goto(f"{server.http_url}/runs/cmp-a/")
+    page.fill("#compare-form input[name=with]", "cmp-b")
+    with page.expect_navigation():
+        page.click("[data-action=compare]")
+    changes = page.eval_on_selector_all(
+        "#compare-steps tr[data-change]", "rows => rows.map(r => r.dataset.change)"
+    )
+    assert changes == ["same", "only-b", "same", "changed"]
+    assert "Bash" in page.inner_text("#compare-steps tr[data-change=only-b]")
+    assert page.inner_text("[data-delta=tokens]") == "+0"
+    assert page.inner_text("[data-delta=costUsd]") == "+0.2000"
+    assert page.inner_text("[data-delta=outcome]") == "succeeded → failed"
+    page.screenshot(path=str(screenshot_name("compare")))
+    rest = page.request.get(
+        f"{server.http_url}/api/runs/cmp-a/compare/cmp-b",
+        headers={"Authorization": f"Bearer {operator_token}"},
+    ).json()
+    assert [s["change"] for s in rest["steps"]] == changes and rest["differences"] == 2
+    assert rest["deltas"]["costUsd"] == pytest.approx(0.2)
