@@ -50,6 +50,13 @@ function newRow(treeId) {
     el("td", { class: "num mono", "data-duration": "1", "data-start": Date.now() }),
   );
   tbody.prepend(tr);
+  // The count above the table counts the rows it shows, live ones included.
+  const count = document.querySelector("[data-role=tree-count]");
+  if (count) {
+    const n = Number(count.dataset.count || 0) + 1;
+    count.dataset.count = String(n);
+    count.textContent = `${n} tree${n === 1 ? "" : "s"}`;
+  }
   return tr;
 }
 
