@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from dashboard import views
+from dashboard import alerts_views, views
 
 urlpatterns = [
     path("api/", ("dashboard.api.urls", "api", "api")),
@@ -20,4 +20,8 @@ urlpatterns = [
     path("leases/<int:pk>/release/", views.lease_release, name="lease-release"),
     path("runners/", views.runners, name="runners"),
     path("audit/", views.audit, name="audit"),
+    # The admins' alerts page (issue 25).
+    path("alerts/", alerts_views.alerts_page, name="alerts"),
+    path("alerts/webhooks/", alerts_views.webhook_create, name="webhook-create"),
+    path("alerts/webhooks/<int:pk>/test/", alerts_views.webhook_test, name="webhook-test"),
 ]

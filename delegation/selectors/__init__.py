@@ -4,6 +4,7 @@ Callers import from here (``from delegation import selectors``); the topic modul
 ``runs``, ``events``, ``trees``, ``runners``, ``leases`` and ``audit``.
 """
 
+from delegation.selectors.alerts import alerts_overview
 from delegation.selectors.audit import audit_actions, audit_entries, audit_rows, cancel_report
 from delegation.selectors.compare import compare_runs
 from delegation.selectors.events import (
@@ -135,6 +136,7 @@ __all__ = [
     "steer_receipts",
     "overview_numbers",
     "compare_runs",
+    "alerts_overview",
     "subtree_row_values",
     "preorder",
     "subtree_rows_by_pk",

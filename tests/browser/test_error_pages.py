@@ -15,6 +15,8 @@ from tests.support.browser import needs_chromium, screenshot_name, sign_in
 from tests.support.personas import PASSWORD
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_chromium, pytest.mark.timeout(120)]
+# The module's server sweeps webhook deliveries every second (the alerts page's test).
+DAPHNE_ENV = {"MAINTENANCE_INTERVAL_SECONDS": "1"}
 
 
 def _card(page) -> dict:
@@ -97,3 +99,38 @@ def test_it_logs_an_ordinary_event_as_one_line_and_a_bug_with_its_traceback(capl
     assert lines[0] == "Forbidden (Permission denied): /x (PermissionError: nope)"
     assert lines[1] == "live catch-up failed (ConnectionResetError: peer went away)"
     assert lines[2].startswith("REST API error\nTraceback")
+
+
+def test_it_gives_admins_an_alerts_page_to_add_a_webhook_send_a_test_and_see_attempts(
+    server, browser, admin, operator
+):
+    from tests.support.webhook_receiver import Receiver
+
+    with Receiver(statuses=(500,)) as receiver:
+        page = browser()
+        sign_in(page, server.http_url, admin.username, PASSWORD)
+        page.click("nav >> text=Alerts")
+        page.fill("#webhook-name", "pager")
+        page.fill("#webhook-url", receiver.url)
+        with page.expect_navigation():
+            page.click("[data-action=add-webhook]")
+        assert "signing secret (shown once)" in page.inner_text(".flash-stack")
+        with page.expect_navigation():
+            page.click("[data-action=send-test]")
+        assert "Test delivery" in page.inner_text(".flash-stack")
+        # The server's upkeep loop sends it (every second here); the receiver answers 500.
+        receiver.wait_for(1)
+        row = page.locator("#deliveries tr[data-delivery]")
+        for _ in range(50):  # the attempt is logged right after the answer: reload until then
+            page.reload()
+            if row.locator("[data-attempt]").count():
+                break
+        assert row.get_attribute("data-state") == "pending"
+        assert "#1" in row.inner_text() and "HTTP 500" in row.inner_text()
+        page.screenshot(path=str(screenshot_name("alerts")), full_page=True)
+    # An operator is refused the page, in the dashboard's style.
+    other = browser()
+    sign_in(other, server.http_url, operator.username, PASSWORD)
+    assert other.locator("nav >> text=Alerts").count() == 0
+    assert other.goto(f"{server.http_url}/alerts/").status == 403
+    assert "need admin" in other.inner_text("[data-error-page] .refusal")
