@@ -12,13 +12,15 @@ from delegation.wire import Strict
 
 AlertKind = Literal[ALERT_KINDS]  # type: ignore[valid-type]
 # What the service accepts, as closely as a pattern can say it: https anywhere (host names
-# in any case, up to 253 characters; IPv6 literals), or http to loopback; no credentials, no
+# in any case, up to 253 characters; IPv6 literals, here only full ones in the public
+# 2400::/6 blocks the registries hand out, so that whatever the pattern generates the
+# service accepts; it accepts any public one), or http to loopback; no credentials, no
 # spaces, a port from 1 to 65535. The pattern is published for generators (the schema test
 # generates from it) but not enforced here: the service checks the URL with a URL parser
 # and answers a message a person can read, where a pattern mismatch would answer the regex.
 _PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
 URL_PATTERN = (
-    r"^(https://([A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\])"
+    r"^(https://([A-Za-z]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[2[4-9a-f][0-9a-f]{2}(:[0-9a-f]{1,4}){7}\])"
     r"|http://(127\.0\.0\.1|localhost|\[::1\]))(:" + _PORT + r")?(/[!-~]{0,200})?$"
 )
 
