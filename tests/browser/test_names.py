@@ -182,3 +182,19 @@ def test_it_compares_two_seeded_runs_step_by_step_with_the_deltas(
     ).json()
     assert [s["change"] for s in rest["steps"]] == changes and rest["differences"] == 2
     assert rest["deltas"]["costUsd"] == pytest.approx(0.2)
+
+
+def test_it_updates_the_own_and_subtree_usage_card_when_usage_commits(
+    server, runner, browser, operator
+):
+    runner.open("use-1", message="Profile the importer")
+    child = runner.child("use-1", "req-u", message="Time one import")["runId"]
+    page = browser()
+    sign_in(page, server.http_url, operator.username, PASSWORD)
+    page.goto(f"{server.http_url}/runs/use-1/")
+    cost = page.locator("#usage-rollup [data-field=cost]")
+    assert cost.inner_text() == "$0.0000 · $0.0000"
+    runner.emit("use-1", _usage(0.25))
+    runner.emit(child, _usage(0.5))  # a descendant's usage: never in this page's stream
+    page.wait_for_selector('#usage-rollup [data-field=cost]:text-is("$0.2500 · $0.7500")')
+    assert page.inner_text("#usage-rollup [data-field=tokens-in]") == "100 · 200"
