@@ -225,7 +225,7 @@ def tree(request, run_id):
         run=run,
         summary=summary,
         counts=[(s, summary["counts"].get(s, 0)) for s in STATUS_ORDER if summary["counts"].get(s)],
-        focus=request.GET.get("focus", ""),
+        focus=request.GET.get("run") or request.GET.get("focus", ""),  # ?run=: the split pane
         created_ms=_ms(run.created_at),
         statuses=STATUS_ORDER,
     )

@@ -198,3 +198,36 @@ def test_it_updates_the_own_and_subtree_usage_card_when_usage_commits(
     runner.emit(child, _usage(0.5))  # a descendant's usage: never in this page's stream
     page.wait_for_selector('#usage-rollup [data-field=cost]:text-is("$0.2500 · $0.7500")')
     assert page.inner_text("#usage-rollup [data-field=tokens-in]") == "100 · 200"
+
+
+def test_it_shows_the_selected_run_beside_the_tree_named_in_the_url_with_row_actions(
+    server, runner, browser, operator
+):
+    runner.open("split-1", message="Plan the migration")
+    first = runner.child("split-1", "req-s1", message="List the tables")["runId"]
+    page = browser()
+    sign_in(page, server.http_url, operator.username, PASSWORD)
+    page.goto(f"{server.http_url}/trees/split-1/?run={first}")
+    pane = page.locator("#run-detail")
+    page.wait_for_selector(f'#run-detail[data-run-id="{first}"]')
+    assert pane.locator("[data-role=task]").inner_text() == "List the tables"
+    # The keyboard moves the selection; the pane and the URL follow.
+    page.locator("#tree").focus()
+    page.keyboard.press("k")
+    page.wait_for_selector('#run-detail[data-run-id="split-1"]')
+    assert "run=split-1" in page.url
+    assert pane.locator("[data-role=task]").inner_text() == "Plan the migration"
+    page.keyboard.press("j")
+    page.wait_for_selector(f'#run-detail[data-run-id="{first}"]')
+    # Row actions: steer, then cancel, from the pane.
+    pane.locator("textarea[name=message]").fill("Only the big ones")
+    pane.locator("[data-action=row-steer]").click()
+    page.wait_for_selector('#run-detail [data-role=action-outcome]:text("Steer injected")')
+    assert runner.steers[-1]["message"] == "Only the big ones"
+    page.on("dialog", lambda dialog: dialog.accept())
+    pane.locator("[data-action=row-cancel]").click()
+    page.wait_for_selector('#run-detail [data-role=action-outcome]:text("Cancel")')
+    assert any(
+        c["method"] == "run.cancel" and c["params"]["runId"] == first for c in runner.commands
+    )
+    page.screenshot(path=str(screenshot_name("split-pane")))
