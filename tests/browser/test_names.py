@@ -223,11 +223,21 @@ def test_it_shows_the_selected_run_beside_the_tree_named_in_the_url_with_row_act
     pane.locator("textarea[name=message]").fill("Only the big ones")
     pane.locator("[data-action=row-steer]").click()
     page.wait_for_selector('#run-detail [data-role=action-outcome]:text("Steer injected")')
+    # The runner got it: its answer (emitted after it recorded the steer) shows in the tree.
+    page.wait_for_selector("#tree >> text=Steered: I was told 'Only the big ones'")
     assert runner.steers[-1]["message"] == "Only the big ones"
     page.on("dialog", lambda dialog: dialog.accept())
     pane.locator("[data-action=row-cancel]").click()
     page.wait_for_selector('#run-detail [data-role=action-outcome]:text("Cancel")')
-    assert any(
-        c["method"] == "run.cancel" and c["params"]["runId"] == first for c in runner.commands
-    )
+
+    def cancelled() -> bool:
+        return any(
+            c["method"] == "run.cancel" and c["params"]["runId"] == first for c in runner.commands
+        )
+
+    for _ in range(100):  # the command reaches the runner just after the REST answer
+        if cancelled():
+            break
+        page.wait_for_timeout(100)
+    assert cancelled()
     page.screenshot(path=str(screenshot_name("split-pane")))
