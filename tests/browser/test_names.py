@@ -11,6 +11,7 @@ from tests.support.personas import PASSWORD
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_chromium, pytest.mark.timeout(120)]
 
+AXIS_PX = 22  # timeline.js: the time axis' height above the first lane
 TASK = "Summarise the incident reports of last week and list every service that paged twice"
 
 
@@ -241,3 +242,13 @@ def test_it_shows_the_selected_run_beside_the_tree_named_in_the_url_with_row_act
         page.wait_for_timeout(100)
     assert cancelled()
     page.screenshot(path=str(screenshot_name("split-pane")))
+    # The timeline beside it: lanes named by task, a tooltip naming the run, a legend.
+    page.click("[data-tab=timeline]")
+    canvas = page.locator("#timeline-canvas")
+    box = canvas.bounding_box()
+    page.mouse.move(box["x"] + 60, box["y"] + AXIS_PX + 8)  # the first lane: the root
+    page.wait_for_selector('#timeline-canvas[data-hover="split-1"]')
+    assert canvas.get_attribute("title").startswith("Plan the migration\nsplit-1 · worker · ")
+    legend = page.inner_text("[data-role=timeline-legend]")
+    assert all(s in legend for s in ("running", "succeeded", "failed", "cancelled", "lost"))
+    page.screenshot(path=str(screenshot_name("timeline")))
