@@ -142,6 +142,13 @@ def _limited_request(base, limit: int):
         _received = 0
         _refused = False
 
+        def __init__(self, *args, **kwargs):
+            # Twisted would parse a multipart POST body itself (into ``args``, which daphne never
+            # reads) and answer a bare 400 for a malformed one, before Django, authentication
+            # or the REST API's error envelope ever see the request.
+            kwargs["parsePOSTFormSubmission"] = False
+            super().__init__(*args, **kwargs)
+
         def gotLength(self, length):  # noqa: N802 - Twisted's name
             # Called once the headers are in, before any of the body is read.
             if length is not None and length > self.body_limit:

@@ -97,6 +97,14 @@ if not _RUNNER_ONLY:
 DEBUG = env_bool("DEBUG", False)
 DEVELOPMENT_SECRET_KEY = "canopy-insecure-development-key-change-me"
 _KEY_FROM_FILE = secret_from_file("SECRET_KEY_FILE")
+# The checkout's own development key (`make run` / `make serve` make it once, owner-only):
+# found without an environment variable, so `python manage.py ...` works as pasted from the
+# README in a checkout that has served once. Any SECRET_KEY or SECRET_KEY_FILE wins; a wheel
+# install has no such file.
+CHECKOUT_KEY_FILE = BASE_DIR / "var" / "dev-secret-key"
+if _KEY_FROM_FILE is None and "SECRET_KEY" not in os.environ and CHECKOUT_KEY_FILE.is_file():
+    os.environ["SECRET_KEY_FILE"] = str(CHECKOUT_KEY_FILE)  # servers and runners it starts too
+    _KEY_FROM_FILE = secret_from_file("SECRET_KEY_FILE")
 if _KEY_FROM_FILE is not None and os.environ.get("SECRET_KEY"):
     raise ImproperlyConfigured("set SECRET_KEY or SECRET_KEY_FILE, not both")
 SECRET_KEY = _KEY_FROM_FILE or env_str("SECRET_KEY", DEVELOPMENT_SECRET_KEY)
@@ -395,7 +403,9 @@ LOGOUT_REDIRECT_URL = "login"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    # Ordinary events (a 403, a client gone mid-answer) log one line, not a traceback.
+    "filters": {"ordinary": {"()": "delegation.logfilters.OrdinaryEvents"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["ordinary"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "WARNING")},
 }
 

@@ -3,7 +3,7 @@
 from django.conf import settings
 from django.urls import path
 
-from dashboard import retention, views
+from dashboard import alerts_views, retention, views
 
 urlpatterns = [
     path("api/", ("dashboard.api.urls", "api", "api")),
@@ -16,9 +16,15 @@ urlpatterns = [
     path("runs/<str:run_id>/", views.run_detail, name="run"),
     path("runs/<str:run_id>/cancel/", views.run_cancel, name="run-cancel"),
     path("runs/<str:run_id>/budget/", views.run_budget, name="run-budget"),
+    path("runs/<str:run_id>/relaunch/", views.run_relaunch, name="run-relaunch"),
+    path("runs/<str:run_id>/compare/", views.run_compare, name="run-compare"),
     path("leases/<int:pk>/release/", views.lease_release, name="lease-release"),
     path("runners/", views.runners, name="runners"),
     path("audit/", views.audit, name="audit"),
+    # The admins' alerts page (issue 25).
+    path("alerts/", alerts_views.alerts_page, name="alerts"),
+    path("alerts/webhooks/", alerts_views.webhook_create, name="webhook-create"),
+    path("alerts/webhooks/<int:pk>/test/", alerts_views.webhook_test, name="webhook-test"),
 ]
 
 # Single sign-on (issue 28): the provider's button and its callback, when a provider is set.

@@ -37,7 +37,7 @@ from delegation.models import (
 )
 from delegation.selectors.retention import purged_run
 from delegation.services.budgets import do_set_budget
-from delegation.services.launch import Launch, do_launch_run
+from delegation.services.launch import Launch, do_launch_run, do_relaunch_run
 from delegation.services.operator import Actor, do_cancel_run, release_lease
 from delegation.wire import BudgetLimits, parse_model
 
@@ -146,6 +146,20 @@ def _context(request, **extra) -> dict:
 _ms = selectors.millis
 
 
+def _overview() -> dict:
+    """The trees page's headline numbers, and the same as JSON for its charts."""
+    numbers = selectors.overview_numbers()
+    as_json = {
+        **numbers,
+        "at": _ms(numbers["at"]),
+        "costByHour": [
+            {"hourStart": _ms(h["hourStart"]), "costUsd": h["costUsd"]}
+            for h in numbers["costByHour"]
+        ],
+    }
+    return {"overview": numbers, "overview_json": as_json}
+
+
 @require_GET
 def home(request):
     """Open on a live tree: the newest tree that is still running, else the overview."""
@@ -207,6 +221,7 @@ def trees(request):
         profiles=selectors.root_profiles(),
         since_choices=SINCE_CHOICES,
         f={"status": status, "runner": runner, "profile": profile, "since": since, "q": query},
+        **_overview(),
         query_string=query_string.urlencode(),
         live_roots=[row["run"].run_id for row in rows],
     )
@@ -246,7 +261,7 @@ def tree(request, run_id):
         run=run,
         summary=summary,
         counts=[(s, summary["counts"].get(s, 0)) for s in STATUS_ORDER if summary["counts"].get(s)],
-        focus=request.GET.get("focus", ""),
+        focus=request.GET.get("run") or request.GET.get("focus", ""),  # ?run=: the split pane
         created_ms=_ms(run.created_at),
         statuses=STATUS_ORDER,
     )
@@ -292,6 +307,7 @@ def run_detail(request, run_id):
             )
         ],
         live_descendants=live,
+        links=selectors.relaunch_links(run),
         stop_subtree=live + (0 if run.is_terminal else 1),
         held_leases=[
             {"lease": lease, "expires_ms": _ms(lease.expires_at), "live": lease.is_live()}
@@ -378,6 +394,42 @@ def run_cancel(request, run_id):
         f" and {stopped} live descendant{'s' if stopped != 1 else ''}" if cascade else ""
     )
     return _done(request, run, text)
+
+
+@require_GET
+@viewer_required
+def run_compare(request, run_id):
+    """Two runs side by side: ``/runs/<a>/compare/?with=<b>`` (the run page's "compare with")."""
+    other = request.GET.get("with", "").strip()
+    cmp = selectors.compare_runs(_run_or_404(run_id), _run_or_404(other))
+    deltas = cmp["deltas"]
+    return render(
+        request,
+        "compare.html",
+        _context(
+            request,
+            cmp=cmp,
+            sides=[{"key": "a", "run": cmp["a"]}, {"key": "b", "run": cmp["b"]}],
+            cost_delta=f"{deltas['costUsd']:+.4f}",
+            duration_delta=(
+                f"{deltas['durationSeconds']:+.1f}" if deltas["durationSeconds"] is not None else ""
+            ),
+        ),
+    )
+
+
+@require_POST
+@viewer_required
+def run_relaunch(request, run_id):
+    """The run page's relaunch form: a new top-level run from this one, message editable."""
+    run = _run_or_404(run_id)
+    message = request.POST.get("message", "")
+    try:
+        result = do_relaunch_run(_actor(request), run, message=message or None)
+    except (PermissionRefused, RpcError) as exc:
+        return _refused(request, exc)
+    messages.success(request, f"Relaunched {run.run_id} as {result['runId']}")
+    return redirect("run", result["runId"])
 
 
 @require_POST

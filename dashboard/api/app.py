@@ -5,7 +5,9 @@ from dashboard.api import (  # noqa: F401
     alerts,
     audit,
     children,  # issue 24: adds /runs/{runId}/children
+    compare,  # issue 25: two runs side by side
     leases,
+    overview,  # issue 25: the overview's headline numbers
     run_actions,
     runners,
     runs,
@@ -61,5 +63,7 @@ for router in (
     runners.router,
     audit.router,
     alerts.router,
+    overview.router,
+    compare.router,
 ):
     api.add_router("", router)

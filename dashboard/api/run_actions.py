@@ -10,6 +10,7 @@ from dashboard.api.schemas.runs import (
     CancelBody,
     CancelReport,
     LaunchBody,
+    RelaunchBody,
     RunResult,
     SteerBody,
     SteerOutcome,
@@ -17,7 +18,7 @@ from dashboard.api.schemas.runs import (
 from dashboard.api.schemas.usage import BudgetBody, BudgetOut
 from delegation import selectors
 from delegation.services import budgets, operator
-from delegation.services.launch import Launch, do_launch_run
+from delegation.services.launch import Launch, do_launch_run, do_relaunch_run
 
 
 @router.post(
@@ -41,6 +42,22 @@ def launch_run(request, body: LaunchBody):
         budget=body.budget.limits() if body.budget is not None else None,
     )
     return 201, do_launch_run(actor_for(request), launch)
+
+
+@router.post(
+    "/runs/{runId}/relaunch",
+    response={201: RunResult, **ACT},
+    summary="Relaunch a run: a new top-level run from its preset and (edited) message",
+    description="Needs the operator role. Launches on the run's runner with its preset, "
+    "working directory and budget, and its message unless `message` replaces it; the new "
+    "run records `relaunchedFrom`. Refused like a launch (409 when the runner is not "
+    "connected or lost the preset); audited as a launch.",
+)
+@strict_query(NoParams)
+def relaunch_run(request, runId: str, body: RelaunchBody = RelaunchBody()):  # noqa: N803, B008
+    run = find_run(runId)
+    message = body.message if body is not None else None
+    return 201, do_relaunch_run(actor_for(request), run, message=message)
 
 
 @router.post(

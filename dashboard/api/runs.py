@@ -199,6 +199,7 @@ def get_run(request, runId: str):  # noqa: N803
         createdAt=run.created_at,
         updatedAt=run.updated_at,
         finishedAt=run.finished_at,
+        **selectors.relaunch_links(run),
     )
     result["usage"], result["budget"] = selectors.usage_of_run(run)
     return result
@@ -373,7 +374,8 @@ def export_events(request, runId: str, params: Query[ExportParams]):  # noqa: N8
     response={200: SteerReceiptList, **READ},
     summary="A run's steers and how each turned out",
     description="One receipt per requestId, oldest first. A steer answered `injected` is "
-    "queued for the runner; if the runner then refuses it (its turn ended first, say) the "
+    "queued for the runner and turns `delivered` once the runner accepts it; if the runner "
+    "refuses it instead (its turn ended first, say) the "
     "receipt turns `undelivered` with the runner's outcome and reason, and the run's stream "
     "gets a `steer-undelivered` event.",
 )

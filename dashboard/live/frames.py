@@ -265,6 +265,7 @@ class SummaryFrame(_Out):
     profile: str
     runner_id: str = Field(alias="runnerId")
     conversation_id: str = Field(alias="conversationId")
+    task: str = ""  # the root's task: the tree's name (issue 25)
     tokens: int
     cost_usd: float = Field(alias="costUsd")
     budget_stopped: str = Field(alias="budgetStopped")

@@ -50,9 +50,10 @@ class RunnerClient(CommandHandlers, JoinMethods, Connection):
         depth: int | None = None,
         meta: Mapping[str, Any] | None = None,
         budget: Mapping[str, Any] | None = None,
+        message: str | None = None,
         timeout: float | None = None,
     ) -> Result:
-        """``run.open``: a top-level run. ``depth`` is declared through ``_meta``; ``budget``
+        """``run.open``: a top-level run; ``message`` is its task (shown as its name). ``depth`` is declared through ``_meta``; ``budget``
         (SPEC §10: ``maxRuns``, ``maxLive``, ``maxTokens``, ``maxCostUsd``, ``maxSeconds``)
         bounds its subtree, and opening it again may only narrow that budget."""
         params: dict[str, Any] = {"conversationId": conversation_id, "runId": run_id}
@@ -60,6 +61,8 @@ class RunnerClient(CommandHandlers, JoinMethods, Connection):
             params["budget"] = dict(budget)
         if profile is not None:
             params["profile"] = profile
+        if message is not None:
+            params["message"] = message
         if extension_id is not None:
             params["extensionId"] = extension_id
         if depth is not None:

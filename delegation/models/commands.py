@@ -46,10 +46,19 @@ class SteerReceipt(models.Model):
 
     @property
     def delivery(self) -> str:
-        """queued (injected, no refusal heard), undelivered, or not-sent (promptRequired)."""
+        """delivered (the runner answered ``injected``), queued (injected, no answer yet),
+        undelivered (the runner refused it), or not-sent (promptRequired). ``accepted`` is
+        annotated by ``selectors.steer_receipts``; without it, the receipt's commands say."""
         if self.outcome != "injected":
             return "not-sent"
-        return "undelivered" if self.undelivered_at is not None else "queued"
+        if self.undelivered_at is not None:
+            return "undelivered"
+        accepted = getattr(self, "accepted", None)
+        if accepted is None:
+            accepted = self.commands.filter(
+                answered_at__isnull=False, result__outcome="injected"
+            ).exists()
+        return "delivered" if accepted else "queued"
 
 
 class Command(models.Model):

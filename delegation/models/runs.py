@@ -171,6 +171,10 @@ class Run(models.Model):
     via = models.CharField(max_length=16, choices=RunVia.choices, default=RunVia.RUNNER)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancel_reason = models.TextField(blank=True)
+    # A launch that started again from this run's preset, message and budget (relaunch).
+    relaunched_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="relaunches"
+    )
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     updated_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -15,6 +15,7 @@ import sys
 
 from delegation import depth as depthlib
 from delegation.client import AuthenticationFailed, ClientError, Fenced, server_urls
+from delegation.logfilters import OrdinaryEvents
 from delegation.runner.command import CommandEngine
 from delegation.runner.host import RunnerHost
 from delegation.runner.presets import load_config
@@ -127,7 +128,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     roots.add_argument("--demo-interval", type=float, default=5.0)
     roots.add_argument("--demo-max-live", type=int, default=6, help="roots running at once")
-    roots.add_argument("--demo-roots", type=int, default=0, help="stop after N roots (0: never)")
+    roots.add_argument(
+        "--demo-roots",
+        type=int,
+        default=0,
+        help="open N demo roots, then exit once no run is live on this runner (0: never)",
+    )
     return parser
 
 
@@ -393,7 +399,9 @@ async def demo(host: RunnerHost, engine: ScriptedEngine, args) -> None:
                 live.append(ctx.run_id)
                 log.info("demo: opened root %s (%s)", ctx.run_id, path)
         await asyncio.sleep(args.demo_interval)
-    while any(run_id in host.runs for run_id in live):
+    # Done opening demo roots, not done serving: runs operators launched on this runner (and
+    # every child) keep it up; returning while one lives would stop the runner and cancel them.
+    while host.runs:
         await asyncio.sleep(0.5)
 
 
@@ -413,6 +421,7 @@ def configure_logging(level: str) -> None:
     if not canopy.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.addFilter(OrdinaryEvents())  # a child torn down after its cancel: one line
         canopy.addHandler(handler)
         canopy.propagate = False  # not twice through a root handler Django may have set up
     logging.getLogger("websockets").setLevel(logging.WARNING)

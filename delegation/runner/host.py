@@ -281,6 +281,7 @@ class RunnerHost:
             extension_id=self.extension_id if profile else None,
             depth=depth,
             budget=budget,
+            message=message,
         )
         ctx = RunContext(
             host=self,

@@ -4,7 +4,9 @@ Callers import from here (``from delegation import selectors``); the topic modul
 ``runs``, ``events``, ``trees``, ``runners``, ``leases`` and ``audit``.
 """
 
+from delegation.selectors.alerts import alerts_overview
 from delegation.selectors.audit import audit_actions, audit_entries, audit_rows, cancel_report
+from delegation.selectors.compare import compare_runs
 from delegation.selectors.events import (
     EVENT_FIELDS,
     EXPORT_EVENT_COLUMNS,
@@ -17,6 +19,7 @@ from delegation.selectors.events import (
     millis,
 )
 from delegation.selectors.leases import get_lease, leases_held_by, leases_matching
+from delegation.selectors.overview import overview_numbers
 from delegation.selectors.runners import (
     fence_states,
     launch_choices,
@@ -33,6 +36,7 @@ from delegation.selectors.runs import (
     get_run,
     get_run_by_pk,
     newest_running_root_id,
+    relaunch_links,
     root_profiles,
     root_run_id,
     run_for_detail,
@@ -116,6 +120,7 @@ __all__ = [
     "run_counts_of_runner",
     "run_for_detail",
     "run_id_of",
+    "relaunch_links",
     "run_request",
     "run_rows",
     "run_state",
@@ -129,6 +134,9 @@ __all__ = [
     "sessions_matching",
     "snapshot",
     "steer_receipts",
+    "overview_numbers",
+    "compare_runs",
+    "alerts_overview",
     "subtree_row_values",
     "preorder",
     "subtree_rows_by_pk",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
 from django.db.models.fields.json import KT
 
-from delegation.models import Event, Run, RunStatus, Session, SteerReceipt
+from delegation.models import Command, Event, Run, RunStatus, Session, SteerReceipt
 from delegation.selectors.events import millis
 from delegation.selectors.usage import tree_usage_values, usage_values
 
@@ -261,9 +261,26 @@ def sessions_matching(
     )
 
 
+def relaunch_links(run: Run) -> dict:
+    """Which run this one was relaunched from, and the runs relaunched from it."""
+    return {
+        "relaunchedFrom": run.relaunched_from.run_id if run.relaunched_from_id else None,
+        "relaunches": list(
+            Run.objects.filter(relaunched_from=run)
+            .order_by("created_at", "id")
+            .values_list("run_id", flat=True)
+        ),
+    }
+
+
 def steer_receipts(run: Run) -> list:
-    """Every steer of one run, oldest first, with how each one turned out."""
-    return list(SteerReceipt.objects.filter(run=run).order_by("created_at", "id"))
+    """Every steer of one run, oldest first, with how each one turned out (``accepted``: the
+    runner answered its ``run.steer`` with ``injected``)."""
+    accepted = Command.objects.filter(
+        steer=OuterRef("pk"), answered_at__isnull=False, result__outcome="injected"
+    )
+    receipts = SteerReceipt.objects.filter(run=run).annotate(accepted=Exists(accepted))
+    return list(receipts.order_by("created_at", "id"))
 
 
 def run_request(run: Run) -> dict:
@@ -280,7 +297,7 @@ def run_request(run: Run) -> dict:
     if run.parent_id:
         how = "mcp" if via == "mcp" else "runner"
         by = f"{'MCP delegate' if how == 'mcp' else 'child.start'} from run {run.parent.run_id}"
-    elif request:
+    elif request and via == "launch":
         how = "launch"
         entry = (
             AuditEntry.objects.filter(target_id=run.run_id, action__icontains="launch")

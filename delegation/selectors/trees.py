@@ -265,14 +265,20 @@ def root_summaries(root_pks) -> dict[int, dict]:
     on the page."""
     summaries = tree_summaries(root_pks)
     roots = {
-        pk: (status, profile, runner, conversation)
-        for pk, status, profile, runner, conversation in Run.objects.filter(
-            pk__in=list(root_pks)
-        ).values_list("pk", "status", "profile", "runner__name", "session__conversation_id")
+        pk: rest
+        for pk, *rest in Run.objects.filter(pk__in=list(root_pks)).values_list(
+            "pk", "status", "profile", "runner__name", "session__conversation_id", "task"
+        )
     }
     for pk, summary in summaries.items():
-        status, profile, runner, conversation = roots.get(pk, ("", "", "", ""))
-        summary.update(status=status, profile=profile, runnerId=runner, conversationId=conversation)
+        status, profile, runner, conversation, task = roots.get(pk, ("", "", "", "", ""))
+        summary.update(
+            status=status,
+            profile=profile,
+            runnerId=runner,
+            conversationId=conversation,
+            task=task,  # the tree's name (its root's task) on a row announced live
+        )
     return summaries
 
 

@@ -344,6 +344,11 @@ def _show_used(name: str, value) -> str:
     return f"{value}"
 
 
+def _in_dollars(name: str, value):
+    """Event and webhook data give money in dollars, as REST and the wire do (nanos stay inside)."""
+    return value / rollups.NANOS_PER_USD if name == "maxCostUsd" else value
+
+
 def enforce(budget_run_pks, now=None) -> list[str]:
     """Warn at 80% (once) and stop the subtree at 100% of a budget's tokens, cost or time.
 
@@ -393,7 +398,12 @@ def _warn(run: Run, budget: Budget, name: str, used, cap, fraction, *, now) -> N
         run,
         "budget-warning",
         f"budget warning: {fraction:.0%} of {name} {cap_text} used",
-        {"limit": name, "cap": cap, "used": used, "budgetRunId": run.run_id},
+        {
+            "limit": name,
+            "cap": _in_dollars(name, cap),
+            "used": _in_dollars(name, used),
+            "budgetRunId": run.run_id,
+        },
     )
     Budget.objects.filter(pk=budget.pk).update(warned_at=now, updated_at=now)
 
@@ -407,11 +417,11 @@ def _exceed(run: Run, budget: Budget, rollup, name: str, used, cap, *, now) -> N
         f"{reason}; stopping run {run.run_id} and its subtree",
         {
             "limit": name,
-            "cap": cap,
-            "used": used,
+            "cap": _in_dollars(name, cap),
+            "used": _in_dollars(name, used),
             "budgetRunId": run.run_id,
             "tokens": (rollup.sub_tokens_in + rollup.sub_tokens_out) if rollup else 0,
-            "costNanos": rollup.sub_cost_nanos if rollup else 0,
+            "costUsd": _in_dollars("maxCostUsd", rollup.sub_cost_nanos if rollup else 0),
         },
     )
     _stop_subtree(run, reason)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from delegation.errors import INVALID_PARAMS, NOT_REGISTERED, PRESET_STALE, RpcError
-from delegation.models import Command, ExtensionPreset, Runner, RunnerState, RunVia
+from delegation.models import Budget, Command, ExtensionPreset, Run, Runner, RunnerState, RunVia
 from delegation.services import budgets, lifecycle
 from delegation.services.audit import audit, require_operator
 from delegation.services.identity import Actor
@@ -30,6 +30,7 @@ class Launch:
     extension_id: str | None = None
     cwd: str | None = None
     budget: BudgetLimits | None = None  # SPEC §10: bounds the whole tree from its start
+    relaunched_from: int | None = None  # the pk of the run this one starts again (relaunch)
 
 
 def do_launch_run(actor: Actor, launch: Launch) -> dict:
@@ -106,6 +107,7 @@ def _launch_locked(actor: Actor, launch: Launch) -> dict:
         options=preset.options or {},
         cwd=cwd,
         via=RunVia.LAUNCH.value,
+        relaunched_from_id=launch.relaunched_from,
     )
     if launch.budget is not None:
         budgets.launch_budget(run, launch.budget, actor)
@@ -122,6 +124,38 @@ def _launch_locked(actor: Actor, launch: Launch) -> dict:
             "profile": preset.name,
             "message": launch.message[:500],
             "budget": launch.budget.wire() if launch.budget is not None else None,
+            "relaunchedFrom": run.relaunched_from.run_id if run.relaunched_from_id else None,
         },
     )
     return result
+
+
+def relaunch_of(original: Run, *, message: str | None = None) -> Launch:
+    """A launch that starts ``original`` again: its runner, preset, working directory and
+    budget, and its message unless ``message`` replaces it (SPEC §9, issue 25)."""
+    request = original.request if isinstance(original.request, dict) else {}
+    if message is None or not message.strip():
+        message = request.get("message") if isinstance(request.get("message"), str) else ""
+    if not message.strip():
+        raise RpcError(
+            INVALID_PARAMS,
+            f"message: run {original.run_id!r} recorded no message; give the task to run",
+        )
+    limits = budgets.budget_wire(Budget.objects.filter(run=original).first())
+    budget = BudgetLimits.model_validate(limits["limits"]) if limits and limits["limits"] else None
+    return Launch(
+        runner=original.runner.name,
+        profile=original.profile,
+        message=message,
+        extension_id=original.extension_id or None,
+        cwd=request.get("cwd") or None,
+        budget=budget,
+        relaunched_from=original.pk,
+    )
+
+
+def do_relaunch_run(actor: Actor, original: Run, *, message: str | None = None) -> dict:
+    """Start a new top-level run from ``original``'s preset and (edited) message, linked to
+    it (``relaunchedFrom``); the same checks, audit and answer as a launch."""
+    require_operator(actor, "launch", "run", original.run_id)
+    return do_launch_run(actor, relaunch_of(original, message=message))

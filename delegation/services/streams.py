@@ -97,6 +97,10 @@ def open_run(conn: Connection, params: RunOpenParams) -> dict:
             extension_id=params.extension_id or "",
             profile=params.profile or "",
             options=options,
+            # Its task, when the runner says what it opened the run for.
+            request={"message": params.message}
+            if params.message and params.message.strip()
+            else None,
         )
         if params.budget is not None:
             budgets.set_runner_budget(run, params.budget, "budget", f"runner:{runner.name}")

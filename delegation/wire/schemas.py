@@ -313,6 +313,14 @@ class RunOpenParams(Strict):
     extension_id: ValidId = Field(default=None, alias="extensionId")
     meta: dict[str, Any] = Field(default=None, alias="_meta")
     budget: BudgetLimits = Field(default=None)
+    # The task the runner opens the run for (``runner --root MESSAGE``): shown as the run's
+    # name on every page, as a launched run's message is. Optional, as SPEC §4 has it.
+    message: str = Field(default=None)
+
+    @field_validator("message")
+    @classmethod
+    def _message(cls, value: str) -> str:
+        return _max_bytes(value, MAX_MESSAGE_BYTES, "message")
 
 
 class RunEventParams(Strict):

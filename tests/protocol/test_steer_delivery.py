@@ -97,8 +97,10 @@ async def test_it_marks_a_steer_the_runner_refuses_as_undelivered(runner):
     assert await runner.ok("child.steer", again) == {"outcome": "injected"}
 
 
-async def test_it_changes_nothing_when_the_runner_injects_the_steer(runner):
+async def test_it_marks_the_steer_delivered_when_the_runner_injects_it(runner):
     child, command = await _steered_child(runner)
+    steers = await _rest(f"/api/runs/{child['runId']}/steers")
+    assert [s["delivery"] for s in steers["items"]] == ["queued"]  # not answered yet
     before = await state()
     await _answer(runner, command, {"outcome": "injected"})
     read = await runner.read(child)
@@ -106,14 +108,11 @@ async def test_it_changes_nothing_when_the_runner_injects_the_steer(runner):
     after = await state()
     assert after["counts"] == before["counts"]
     receipt = await adb(SteerReceipt.objects.get)(request_id="s-1")
-    assert (receipt.undelivered_at, receipt.runner_outcome, receipt.delivery) == (
-        None,
-        "",
-        "queued",
-    )
+    delivery = await adb(lambda: receipt.delivery)()
+    assert (receipt.undelivered_at, receipt.runner_outcome, delivery) == (None, "", "delivered")
     assert (await adb(AuditEntry.objects.get)(action="steer")).outcome == "injected"
     steers = await _rest(f"/api/runs/{child['runId']}/steers")
-    assert [s["delivery"] for s in steers["items"]] == ["queued"]
+    assert [s["delivery"] for s in steers["items"]] == ["delivered"]
 
 
 async def test_it_keeps_one_record_of_a_steer_and_links_command_and_audit_to_it(runner):

@@ -29,7 +29,8 @@ def manage(*args, **env) -> subprocess.CompletedProcess:
 
 
 def test_it_refuses_to_start_on_the_development_or_a_short_secret_key_without_debug():
-    for env in ({}, {"SECRET_KEY": "x" * 49}):
+    # SECRET_KEY="": none, even in a checkout that made its development key (var/).
+    for env in ({"SECRET_KEY": ""}, {"SECRET_KEY": "x" * 49}):
         done = manage("check", **env)
         assert done.returncode != 0, env
         assert "SECRET_KEY" in done.stderr and "50 characters" in done.stderr, done.stderr
@@ -37,6 +38,22 @@ def test_it_refuses_to_start_on_the_development_or_a_short_secret_key_without_de
     # The runner command is a client of the server: it needs no server key.
     assert manage("runner", "--help").returncode == 0
     assert manage("check", SECRET_KEY=secrets.token_urlsafe(50)).returncode == 0
+
+
+def test_it_finds_the_checkouts_development_key_so_pasted_commands_work(tmp_path):
+    """`make run` made var/dev-secret-key once; `python manage.py check` (no variable) uses it."""
+    key_file = BASE_DIR / "var" / "dev-secret-key"
+    made = not key_file.exists()
+    if made:
+        key_file.parent.mkdir(exist_ok=True)
+        key_file.write_text(secrets.token_urlsafe(50))
+        key_file.chmod(0o600)
+    try:
+        done = manage("check")
+        assert done.returncode == 0, done.stderr
+    finally:
+        if made:
+            key_file.unlink()
 
 
 def production_settings() -> dict[str, str]:

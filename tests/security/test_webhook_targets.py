@@ -126,9 +126,43 @@ def test_it_refuses_to_save_a_webhook_aimed_inside_the_network(names, admin, url
         HTTP_AUTHORIZATION=f"Bearer {api_token(admin)}",
     )
     message = answer.json()["error"]["message"]
-    # REST's own schema already refuses IPv6 literals; the rest get the service's reason.
-    assert answer.status_code == 422 and (says in message if "[" not in url else "url: " in message)
+    # REST answers the service's reason (IPv6 literals too), never a regular expression.
+    assert answer.status_code == 422 and says in message and "^" not in message, message
     assert names.off_machine == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://Hooks.Example.COM/x",  # upper case: a URL parser lowers the host
+        # An AWS Lambda function URL: a 32-character label in a 60+ character name.
+        "https://abcdefghijklmnopqrstuvwxyz012345.lambda-url.eu-central-1.on.aws/",
+        "https://[2606:4700:4700::1111]:8443/hook",  # a public IPv6 literal
+    ],
+)
+def test_it_saves_over_rest_the_https_urls_a_url_parser_accepts(names, admin, url):
+    answer = Client().post(
+        "/api/webhooks",
+        {"url": url, "kinds": ["run-failed"]},
+        "application/json",
+        HTTP_AUTHORIZATION=f"Bearer {api_token(admin)}",
+    )
+    assert answer.status_code == 201, answer.content
+    assert answer.json()["url"] == url
+    assert names.off_machine == []
+
+
+def test_it_says_in_words_what_is_wrong_with_a_url(names, admin):
+    answer = Client().post(
+        "/api/webhooks",
+        {"url": "ftp://hooks.example/x", "kinds": ["run-failed"]},
+        "application/json",
+        HTTP_AUTHORIZATION=f"Bearer {api_token(admin)}",
+    )
+    assert answer.status_code == 422
+    assert answer.json()["error"]["message"] == (
+        "url: scheme must be https (or http to loopback), not 'ftp'"
+    )
 
 
 def test_it_saves_public_names_and_plain_http_to_loopback(names, admin):

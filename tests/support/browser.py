@@ -170,16 +170,16 @@ class ScriptedRunner:
 
     # --- what a test asks for ---------------------------------------------------------------
 
-    def open(self, run_id: str, profile: str = "worker") -> dict:
-        return self.call(
-            "run.open",
-            {
-                "conversationId": f"conv-{run_id}",
-                "runId": run_id,
-                "profile": profile,
-                "extensionId": "ext",
-            },
-        )
+    def open(self, run_id: str, profile: str = "worker", message: str | None = None) -> dict:
+        params = {
+            "conversationId": f"conv-{run_id}",
+            "runId": run_id,
+            "profile": profile,
+            "extensionId": "ext",
+        }
+        if message is not None:  # the task, as ``runner --root MESSAGE`` sends it
+            params["message"] = message
+        return self.call("run.open", params)
 
     def emit(self, run_id: str, *events: dict) -> dict:
         return self._run(self._emit(run_id, list(events)))

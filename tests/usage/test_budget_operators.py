@@ -80,6 +80,8 @@ def test_it_sets_a_budget_through_rest_audited_and_role_checked(as_, world):
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["limits"]["maxRuns"] == {"limit": 10, "used": 4, "fraction": 0.4}
+    # Integers stay integers on the wire ("limit": 10, never 10.0).
+    assert '"limit": 10,' in response.content.decode() and ".0," not in response.content.decode()
     assert body["limits"]["maxCostUsd"]["limit"] == 2.5 and body["setBy"] == "user:olga"
     entry = AuditEntry.objects.get(action="budget")
     assert (entry.via, entry.target_id, entry.reason) == ("api", "root-1", "demo")
@@ -89,7 +91,9 @@ def test_it_sets_a_budget_through_rest_audited_and_role_checked(as_, world):
     assert set(response.json()["limits"]) == {"maxRuns", "maxCostUsd", "maxLive"}
     response = send(operator, "PUT", "/api/runs/root-1/budget", {"maxTokens": 1000})
     assert set(response.json()["limits"]) == {"maxTokens"}
-    assert operator.get("/api/runs/root-1").json()["budget"]["limits"]["maxTokens"]["limit"] == 1000
+    detail = operator.get("/api/runs/root-1")
+    assert detail.json()["budget"]["limits"]["maxTokens"]["limit"] == 1000
+    assert '"limit": 1000,' in detail.content.decode()
     # A viewer may not; the refusal is audited and nothing changes.
     viewer = as_("viewer", "token")
     response = send(viewer, "PUT", "/api/runs/root-1/budget", {"maxTokens": 10**9})

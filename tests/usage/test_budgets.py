@@ -207,8 +207,9 @@ async def test_it_stops_every_descendant_when_cost_crosses_the_budget(runner):
     exceeded = await events_of("root-1", "budget-exceeded")
     assert len(exceeded) == 1
     # The overshoot is at most the usage event that crossed the limit.
-    assert exceeded[0].data["costNanos"] <= 1_000_000_000 + round(step * 1e9)
-    assert exceeded[0].data["limit"] == "maxCostUsd"
+    assert exceeded[0].data["costUsd"] <= 1.0 + step + 1e-9
+    # Money in dollars, as in REST (not the nano-dollars the rollups count in).
+    assert exceeded[0].data["limit"] == "maxCostUsd" and exceeded[0].data["cap"] == 1.0
     entry = await adb(lambda: AuditEntry.objects.get(action="cancel-subtree"))()
     assert entry.actor == "budget" and entry.target_id == "root-1"
     assert {d["runId"] for d in entry.detail["descendants"]} == set(everyone) - {"root-1"}

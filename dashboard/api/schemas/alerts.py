@@ -11,12 +11,16 @@ from delegation.models import ALERT_KINDS
 from delegation.wire import Strict
 
 AlertKind = Literal[ALERT_KINDS]  # type: ignore[valid-type]
-# What the service accepts, as exactly as a pattern can say it: https anywhere, or http to
-# loopback; no credentials, no spaces, a port from 1 to 65535 (the schema test generates
-# from this, so whatever it admits the service accepts).
+# What the service accepts, as closely as a pattern can say it: https anywhere (host names
+# in any case, up to 253 characters; IPv6 literals, here only full ones in the public
+# 2400::/6 blocks the registries hand out, so that whatever the pattern generates the
+# service accepts; it accepts any public one), or http to loopback; no credentials, no
+# spaces, a port from 1 to 65535. The pattern is published for generators (the schema test
+# generates from it) but not enforced here: the service checks the URL with a URL parser
+# and answers a message a person can read, where a pattern mismatch would answer the regex.
 _PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
 URL_PATTERN = (
-    r"^(https://[a-z0-9]([a-z0-9.-]{0,60}[a-z0-9])?"
+    r"^(https://([A-Za-z]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[2[4-9a-f][0-9a-f]{2}(:[0-9a-f]{1,4}){7}\])"
     r"|http://(127\.0\.0\.1|localhost|\[::1\]))(:" + _PORT + r")?(/[!-~]{0,200})?$"
 )
 
@@ -24,9 +28,10 @@ URL_PATTERN = (
 class WebhookBody(Strict):
     """A new webhook. Omit `secret` to have one made; it is answered once, here."""
 
-    url: Annotated[str, Field(pattern=URL_PATTERN, max_length=2048)] = Field(
+    url: Annotated[str, Field(max_length=2048)] = Field(
+        json_schema_extra={"pattern": URL_PATTERN},
         description="HTTPS to a public address, or plain HTTP to loopback only (127.0.0.1, "
-        "::1, localhost); never a private, link-local or cloud metadata address"
+        "::1, localhost); never a private, link-local or cloud metadata address",
     )
     kinds: Annotated[list[AlertKind], Field(min_length=1, max_length=16)] = Field(
         description="Which alerts to send: " + ", ".join(ALERT_KINDS)

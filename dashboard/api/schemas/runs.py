@@ -25,6 +25,19 @@ from delegation.protocol import MAX_STEER_BYTES
 from delegation.wire import MAX_MESSAGE_BYTES, Strict, utf8_len
 
 
+class RelaunchBody(Strict):
+    """Start the run again: a new top-level run with its runner, preset, working directory
+    and budget, linked to it (`relaunchedFrom`)."""
+
+    message: str = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_MESSAGE_BYTES,
+        description="The task; omit it to run the original's message again.",
+        json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
+    )
+
+
 class CancelBody(Strict):
     """Cancel a run; with `cascade`, also every live run below it."""
 
@@ -258,6 +271,10 @@ class RunDetail(Schema):
     )
     cancelRequestedAt: datetime | None
     cancelReason: str
+    relaunchedFrom: str | None = Field(  # noqa: N815
+        description="The runId this run was relaunched from (null when it was not)"
+    )
+    relaunches: list[str] = Field(description="The runIds relaunched from this run, oldest first")
     createdAt: datetime
     updatedAt: datetime
     finishedAt: datetime | None
@@ -303,8 +320,9 @@ class SteerReceiptOut(Schema):
     outcome: str = Field(description="The answer the steer got: injected | promptRequired")
     reason: str = Field(description="With promptRequired: noRunningTurn; else empty")
     delivery: str = Field(
-        description="queued (injected, the runner has not refused it), undelivered (the "
-        "runner answered run.steer with something else, e.g. promptRequired), or not-sent"
+        description="delivered (the runner answered run.steer with injected), queued "
+        "(injected, the runner has not answered yet), undelivered (the runner answered "
+        "run.steer with something else, e.g. promptRequired), or not-sent"
     )
     runnerOutcome: str = Field(description="With undelivered: the runner's outcome")
     runnerReason: str = Field(description="With undelivered: the runner's reason")

@@ -44,8 +44,9 @@ class Usage(Schema):
 
 
 class BudgetLimitOut(Schema):
-    limit: float
-    used: float = Field(description="What the subtree has used of it (descendants for runs)")
+    # int first: a count limit (maxRuns: 40) must come back 40, not 40.0.
+    limit: int | float = Field(description="An integer for counts, tokens and seconds")
+    used: int | float = Field(description="What the subtree has used of it (descendants for runs)")
     fraction: float
 
 
@@ -126,5 +127,5 @@ class TreeUsage(Schema):
 
 
 class TreeBudget(Schema):
-    limits: dict[str, float] = Field(description="The limits set, by name")
+    limits: dict[str, int | float] = Field(description="The limits set, by name")
     exceededReason: str = Field(description='Why the subtree was stopped, "" if it was not')

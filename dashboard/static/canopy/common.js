@@ -101,3 +101,17 @@ export function bindLiveState(live) {
 }
 
 if (document.body && document.body.dataset.page === "audit") startTicking();
+
+// "copy" beside a run id (_run_name.html): one listener for every page that loads this module.
+document.addEventListener("click", (event) => {
+  const button = event.target.closest?.("[data-copy]");
+  if (!button) return;
+  event.preventDefault();
+  const done = () => {
+    button.dataset.copied = "1";
+    button.textContent = "copied";
+    setTimeout(() => { delete button.dataset.copied; button.textContent = "copy"; }, 1500);
+  };
+  if (navigator.clipboard?.writeText) navigator.clipboard.writeText(button.dataset.copy).then(done, done);
+  else done();
+});

@@ -22,11 +22,22 @@ function rowFor(treeId) {
 function newRow(treeId) {
   const empty = tbody.querySelector("tr.empty");
   if (empty) empty.remove();
-  const link = el("a", { class: "mono id", href: `/trees/${encodeURIComponent(treeId)}/` }, treeId);
+  // As _run_name.html: the task (filled in by the first summary) over the copyable id.
+  const name = el(
+    "span",
+    { class: "run-name", "data-role": "name" },
+    el("a", { class: "name", href: `/trees/${encodeURIComponent(treeId)}/`, title: treeId, "data-role": "task" }, treeId),
+    el(
+      "span",
+      { class: "id-line" },
+      el("code", { class: "mono", "data-role": "run-id", title: treeId }, treeId),
+      el("button", { type: "button", class: "copy-id", "data-copy": treeId, title: "Copy the run id", "aria-label": "Copy the run id" }, "copy"),
+    ),
+  );
   const tr = el(
     "tr",
     { "data-run-id": treeId, "data-tree-id": treeId, "data-status": "running", class: "fresh" },
-    el("td", {}, link, el("div", { class: "sub mono", "data-role": "conversation" })),
+    el("td", { class: "name-cell" }, name, el("div", { class: "sub mono", "data-role": "conversation" })),
     el("td", {}, el("span", { class: "chip chip-running", "data-role": "status" }, "running")),
     el("td", { "data-role": "profile" }, "—"),
     el("td", { class: "mono", "data-role": "runner" }, ""),
@@ -39,6 +50,13 @@ function newRow(treeId) {
     el("td", { class: "num mono", "data-duration": "1", "data-start": Date.now() }),
   );
   tbody.prepend(tr);
+  // The count above the table counts the rows it shows, live ones included.
+  const count = document.querySelector("[data-role=tree-count]");
+  if (count) {
+    const n = Number(count.dataset.count || 0) + 1;
+    count.dataset.count = String(n);
+    count.textContent = `${n} tree${n === 1 ? "" : "s"}`;
+  }
   return tr;
 }
 
@@ -51,6 +69,11 @@ function applySummary(frame) {
   chip.textContent = frame.status;
   tr.querySelector("[data-role=profile]").textContent = frame.profile || "—";
   tr.querySelector("[data-role=runner]").textContent = frame.runnerId;
+  const task = tr.querySelector("[data-role=task]");
+  if (task && frame.task) {
+    task.textContent = frame.task;
+    task.title = frame.task;
+  }
   const sub = tr.querySelector("[data-role=conversation]");
   if (sub) sub.textContent = frame.conversationId;
   tr.querySelector("[data-role=depth]").textContent = frame.maxDepth;

@@ -221,7 +221,7 @@ for (const form of document.querySelectorAll("form[data-confirm]")) {
     } else if (kind === "cancel") {
       title = "Cancel this run";
       confirmLabel = "Stop 1 run";
-      message = `This will stop 1 run (${runId}).` + (liveBelow ? ` Its ${liveBelow} live descendant${liveBelow === 1 ? "" : "s"} are not cancelled directly; foreground children stop when it finishes. Use "Cancel subtree" to stop them all.` : "");
+      message = `This will stop 1 run (${runId}).` + (liveBelow ? ` Its ${liveBelow} live descendant${liveBelow === 1 ? " is" : "s are"} not cancelled directly; foreground children stop when it finishes. Use "Cancel subtree" to stop them all.` : "");
     } else {
       title = "Release the lease";
       confirmLabel = "Release lease";

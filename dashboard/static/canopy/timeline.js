@@ -160,7 +160,12 @@ export class Timeline {
       }
       ctx.fillStyle = this.colors.text;
       const indent = Math.min(GUTTER - 60, (row.depth - baseDepth) * 8);
-      ctx.fillText(id.length > 20 ? `${id.slice(0, 19)}…` : id, 4 + indent, y + LANE / 2, GUTTER - 8 - indent);
+      // The lane is named by the run's task (its id when it has none); the bar is labelled
+      // with its profile and status when there is room after it. The tooltip has it all.
+      const name = row.task || id;
+      ctx.fillText(name.length > 26 ? `${name.slice(0, 25)}…` : name, 4 + indent, y + LANE / 2, GUTTER - 8 - indent);
+      const label = `${row.profile || ""} · ${row.status}`;
+      if (right + 8 < width - 40) ctx.fillText(label, right + 4, y + LANE / 2, width - right - 8);
     }
     this.drawAxis(width);
     this.frames += 1;
@@ -222,13 +227,34 @@ export class Timeline {
   }
 
   onMove(event) {
-    if (!this.drag) return;
+    if (!this.drag) {
+      this.hover(event);
+      return;
+    }
     const dx = event.clientX - this.drag.x;
     const dy = event.clientY - this.drag.y;
     if (Math.abs(dx) + Math.abs(dy) > 3) this.drag.moved = this.moved = true;
     this.t0 = this.drag.t0 - dx * this.msPerPx;
     this.scrollY = this.drag.scrollY - dy;
     this.schedule();
+  }
+
+  // The tooltip: the lane under the pointer, named in full (task, id, profile, status, time).
+  hover(event) {
+    const box = this.canvas.getBoundingClientRect();
+    const y = event.clientY - box.top;
+    const lanes = this.view.visibleIds();
+    const index = Math.floor((y - AXIS + this.scrollY) / LANE);
+    const id = y > AXIS && index >= 0 && index < lanes.length ? lanes[index] : null;
+    const row = id && this.view.rows.get(id);
+    if (!row) {
+      this.canvas.title = "";
+      delete this.canvas.dataset.hover;
+      return;
+    }
+    const took = formatDuration((row.finishedAt || now()) - row.createdAt);
+    this.canvas.title = `${row.task || id}\n${id} · ${row.profile || "no profile"} · ${row.status} · ${took}`;
+    this.canvas.dataset.hover = id;
   }
 
   onUp(event) {

@@ -1,6 +1,6 @@
 """``python manage.py demo``: the one-command live demo behind ``make run``.
 
-It creates (or updates) the operator account ``demo`` with a fresh random password, shown once,
+It creates (or updates) the admin account ``demo`` with a fresh random password, shown once,
 rotates the token of the runner ``demo-runner``, then starts daphne and the scripted reference
 runner in demo mode (a new root every few seconds, fan-out up to 3, one branch refused at
 MaxDepth, some long-running and some failing children) and supervises both. Ctrl-C (or
@@ -72,7 +72,8 @@ class Command(BaseCommand):
             "create_operator",
             opts["username"],
             "--role",
-            roles.OPERATOR,
+            # Admin: the demo shows every page (alerts and webhooks are admin-only).
+            roles.ADMIN,
             f"--password={password}",  # one token: a password may start with "-"
             stdout=io.StringIO(),  # quiet: the password is printed below, once
         )
@@ -82,7 +83,7 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS("Canopy demo"))
         self.stdout.write(f"  dashboard : {base}/")
         self.stdout.write(f"  admin     : {base}/admin/")
-        self.stdout.write(f"  user      : {opts['username']} (role operator)")
+        self.stdout.write(f"  user      : {opts['username']} (role admin)")
         self.stdout.write(f"  password  : {password}   (shown once; rerun to get a new one)")
         self.stdout.write(f"  runner    : {RUNNER_NAME} (token rotated)")
         self.stdout.write("")

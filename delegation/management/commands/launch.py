@@ -12,8 +12,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from delegation.errors import PermissionRefused, RpcError
-from delegation.models import AuditEntry
-from delegation.services.launch import Launch, do_launch_run
+from delegation.models import AuditEntry, Run
+from delegation.services.launch import Launch, do_launch_run, relaunch_of
 from delegation.services.operator import Actor
 from delegation.wire import BudgetLimits, loads_strict, parse_model
 
@@ -22,9 +22,20 @@ class Command(BaseCommand):
     help = "Launch a top-level run on a connected runner with one of its presets."
 
     def add_arguments(self, parser):
-        parser.add_argument("runner", help="the runner's name (runnerId); it must be connected")
-        parser.add_argument("profile", help="a preset the runner registered")
-        parser.add_argument("message", help="the task")
+        parser.add_argument(
+            "runner", nargs="?", help="the runner's name (runnerId); it must be connected"
+        )
+        parser.add_argument("profile", nargs="?", help="a preset the runner registered")
+        parser.add_argument("message", nargs="?", help="the task")
+        parser.add_argument(
+            "--from",
+            dest="original",
+            default=None,
+            metavar="RUN_ID",
+            help="relaunch this run: its runner, preset, cwd and budget, and its message "
+            "unless --message gives another",
+        )
+        parser.add_argument("--message", dest="new_message", default=None, help="with --from")
         parser.add_argument("--extension", default=None, help="the preset's extensionId")
         parser.add_argument("--cwd", default=None, help="working directory for the run")
         parser.add_argument("--as", dest="username", default=None, help="act as this user")
@@ -35,6 +46,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, runner, profile, message, extension, cwd, username, budget, **options):
+        # Long for its two forms: a new launch, or --from a run (relaunch).
         limits = None
         if budget is not None:
             try:
@@ -48,6 +60,20 @@ class Command(BaseCommand):
             actor = Actor.for_user(user, via=AuditEntry.Via.SYSTEM)
         else:
             actor = Actor.system(f"cli:{getpass.getuser()}")
+        if options.get("original"):
+            original = (
+                Run.objects.select_related("runner").filter(run_id=options["original"]).first()
+            )
+            if original is None:
+                raise CommandError(f"no run {options['original']!r}")
+            try:
+                launch = relaunch_of(original, message=options.get("new_message"))
+            except RpcError as exc:
+                raise CommandError(f"refused ({exc.code}): {exc.message}") from None
+            self._launch(actor, launch)
+            return
+        if not (runner and profile and message):
+            raise CommandError("give RUNNER PROFILE MESSAGE, or --from RUN_ID")
         launch = Launch(
             runner=runner,
             profile=profile,
@@ -56,6 +82,9 @@ class Command(BaseCommand):
             cwd=cwd,
             budget=limits,
         )
+        self._launch(actor, launch)
+
+    def _launch(self, actor, launch):
         try:
             result = do_launch_run(actor, launch)
         except PermissionRefused as exc:

@@ -110,6 +110,7 @@ def aim_at_real_resources(case, world) -> None:
         return
     real = {
         "runId": world.child["runId"],
+        "otherRunId": world.root["runId"],  # compare: two runs that exist
         "conversationId": "conv-root-1",
         "runnerId": world.runner_name,
     }

@@ -446,6 +446,9 @@ async def test_it_runs_the_runner_command_line_to_a_refused_branch(daphne_factor
         )
     )
     assert runs == [(0, "succeeded", 0, "cli-ext"), (1, "succeeded", 1, "cli-ext")]
+    # The root keeps the task it was opened with (--root): its name on every page.
+    root = await sync_to_async(Run.objects.get)(depth=0)
+    assert (root.task, root.request) == ("cli task", {"message": "cli task"})
 
 
 async def test_it_exits_with_a_clear_error_on_a_bad_token(daphne_server):
@@ -586,7 +589,7 @@ def test_it_prepares_the_demo_operator_and_a_fresh_runner_token():
 
     password, token = prepare()
     user = authenticate(username="demo", password=password)
-    assert user is not None and user.is_staff and roles.role_of(user) == roles.OPERATOR
+    assert user is not None and user.is_staff and roles.role_of(user) == roles.ADMIN
     assert tokens.authenticate_runner(token).name == "demo-runner"
     # Run again: a new password and a rotated token; the old ones stop working.
     password2, token2 = prepare()

@@ -1,0 +1,116 @@
+// The tree page's split pane (_tree_detail.html): the selected run's detail beside the tree,
+// its row actions (cancel, steer), and the selection named in the URL (?run=<runId>), so a
+// link or a reload opens the same run. Keyboard: the tree's own j/k/arrows move the
+// selection; this pane follows.
+const pane = document.getElementById("run-detail");
+const REFRESH_MS = 2000;
+let current = null;
+let timer = null;
+
+function money(value) {
+  return `$${Number(value || 0).toFixed(4)}`;
+}
+
+function csrf() {
+  return pane.querySelector("input[name=csrfmiddlewaretoken]")?.value || "";
+}
+
+function show(detail) {
+  const q = (role) => pane.querySelector(`[data-role=${role}]`);
+  q("empty").hidden = true;
+  q("body").hidden = false;
+  q("task").textContent = detail.task || detail.runId;
+  q("task").title = detail.task || detail.runId;
+  q("run-id").textContent = detail.runId;
+  q("copy").dataset.copy = detail.runId;
+  const status = q("status");
+  status.className = `chip chip-${detail.status}`;
+  status.textContent = detail.status;
+  q("profile").textContent = detail.profile || "—";
+  q("runner").textContent = detail.runnerId;
+  q("depth").textContent = String(detail.depth);
+  q("events").textContent = String(detail.lastSequence);
+  q("cost").textContent = `${money(detail.usage.own.costUsd)} own · ${money(detail.usage.subtree.costUsd)} subtree`;
+  q("tokens").textContent = `${detail.usage.own.inputTokens + detail.usage.own.outputTokens} own`;
+  const kids = detail.childCounts || {};
+  q("children").textContent = Object.entries(kids).filter(([, n]) => n).map(([s, n]) => `${n} ${s}`).join(", ") || "none";
+  const outcome = q("outcome");
+  outcome.hidden = !(detail.error || detail.output);
+  outcome.textContent = detail.error || detail.output || "";
+  const open = q("open");
+  open.hidden = false;
+  open.href = `/runs/${encodeURIComponent(detail.runId)}/`;
+  const actions = q("actions");
+  if (actions) {
+    const terminal = detail.status !== "running";
+    for (const control of actions.querySelectorAll("button, textarea")) control.disabled = terminal;
+  }
+  pane.dataset.runId = detail.runId;
+  pane.dataset.status = detail.status;
+}
+
+async function load(runId) {
+  clearTimeout(timer);
+  if (!runId) return;
+  try {
+    const answer = await fetch(`/api/runs/${encodeURIComponent(runId)}`, { credentials: "same-origin" });
+    if (answer.ok && runId === current) {
+      // The task is not in the REST detail's Result; the tree row has it.
+      const row = window.canopyTree?.rows?.get(runId);
+      show({ ...(await answer.json()), task: row?.task || "" });
+    }
+  } catch {
+    // Retried on the next tick.
+  }
+  if (runId === current) timer = setTimeout(() => load(runId), REFRESH_MS);
+}
+
+function select(runId) {
+  if (!runId || runId === current) return;
+  current = runId;
+  const url = new URL(location.href);
+  url.searchParams.set("run", runId);
+  url.searchParams.delete("focus");
+  history.replaceState(null, "", url.pathname + url.search + url.hash);
+  pane.querySelector("[data-role=action-outcome]")?.replaceChildren();
+  load(runId);
+}
+
+async function act(path, body) {
+  const out = pane.querySelector("[data-role=action-outcome]");
+  const answer = await fetch(`/api/runs/${encodeURIComponent(current)}/${path}`, {
+    method: "POST",
+    credentials: "same-origin",
+    headers: { "Content-Type": "application/json", "X-CSRFToken": csrf() },
+    body: JSON.stringify(body),
+  });
+  const data = await answer.json().catch(() => ({}));
+  out.textContent = answer.ok
+    ? path === "cancel" ? `Cancel ${data.outcome}.` : `Steer ${data.outcome}${data.reason ? ` (${data.reason})` : ""}.`
+    : data.error?.message || `refused (${answer.status})`;
+  out.dataset.ok = answer.ok ? "1" : "0";
+  load(current);
+}
+
+if (pane) {
+  const view = window.canopyTree;
+  view?.addEventListener("select", (event) => select(event.detail));
+  const wanted = new URL(location.href).searchParams.get("run");
+  if (wanted && view) {
+    const pick = () => {
+      if (view.rows.has(wanted)) view.jumpTo ? view.jumpTo(wanted) : view.select(wanted);
+      select(wanted);
+    };
+    if (view.rows.has(wanted)) pick();
+    else view.addEventListener("loaded", pick, { once: true });
+  }
+  pane.querySelector("[data-action=row-cancel]")?.addEventListener("click", () => {
+    if (current && confirm(`Cancel ${current}?`)) act("cancel", { reason: "cancelled from the tree page" });
+  });
+  pane.querySelector("[data-role=steer-form]")?.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const box = event.target.querySelector("textarea");
+    act("steer", { requestId: `tree-${Date.now()}-${Math.random().toString(36).slice(2, 8)}`, message: box.value });
+    box.value = "";
+  });
+}
