@@ -12,6 +12,7 @@ from mcp_types import CallToolResult
 from pydantic import Field
 
 from delegation.errors import RpcError
+from delegation.mcp.approve import add_approve
 from delegation.mcp.arguments import StrictMCPServer
 from delegation.mcp.calls import call_service, child_params, ok, refused
 from delegation.mcp.waiting import wait_on_run, wait_seconds
@@ -85,6 +86,7 @@ def build_server() -> MCPServer:
     _add_steer_child(server)
     _add_cancel_child(server)
     _add_list_profiles(server)
+    add_approve(server)
     server.make_strict()
     return server
 
