@@ -313,6 +313,8 @@ class RunOpenParams(Strict):
     extension_id: ValidId = Field(default=None, alias="extensionId")
     meta: dict[str, Any] = Field(default=None, alias="_meta")
     budget: BudgetLimits = Field(default=None)
+    # SPEC §11: the run's own approval policy {rules, default}, checked by the service.
+    approvals: dict[str, Any] = Field(default=None)
 
 
 class RunEventParams(Strict):
