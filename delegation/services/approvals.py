@@ -218,38 +218,51 @@ def do_decide_approval(
             rule_run = run
         approval = _lock_approval(approval.pk)
         if approval.status != ApprovalStatus.PENDING:
+            first = AlreadyDecided(approval)
+        else:
+            first = None
+            _decide_by_operator(
+                actor, approval, run, rule_run, decision, message, updated_input, scope
+            )
+    if first is not None:
+        # Audited in its own transaction, after the one that changed nothing.
+        with transaction.atomic():
             audit(actor, "approve", "approval", approval.approval_id, "already-decided")
-            raise AlreadyDecided(approval)
-        by = f"operator:{actor.user.get_username()}" if actor.user is not None else actor.label
-        _decide(
-            approval,
-            run,
-            decision=decision,
-            by=by,
-            message=message,
-            updated_input=updated_input,
-            scope=scope,
-        )
-        if rule_run is not None:
-            _add_rule(rule_run, allow_always_rule(approval.tool_name, approval.input))
-        audit(
-            actor,
-            "approve",
-            "approval",
-            approval.approval_id,
-            decision,
-            reason=message,
-            detail={
-                "runId": run.run_id,
-                "toolName": approval.tool_name,
-                "scope": scope,
-                "ruleOn": rule_run.run_id if rule_run is not None else "",
-                "edited": updated_input is not None,
-            },
-        )
+        raise first
     if rule_run is not None:
         reevaluate_pending(rule_run)
     return approval
+
+
+def _decide_by_operator(actor, approval, run, rule_run, decision, message, updated_input, scope):
+    """The decision, its "allow always" rule and its audit entry (all under the locks)."""
+    by = f"operator:{actor.user.get_username()}" if actor.user is not None else actor.label
+    _decide(
+        approval,
+        run,
+        decision=decision,
+        by=by,
+        message=message,
+        updated_input=updated_input,
+        scope=scope,
+    )
+    if rule_run is not None:
+        _add_rule(rule_run, allow_always_rule(approval.tool_name, approval.input))
+    audit(
+        actor,
+        "approve",
+        "approval",
+        approval.approval_id,
+        decision,
+        reason=message,
+        detail={
+            "runId": run.run_id,
+            "toolName": approval.tool_name,
+            "scope": scope,
+            "ruleOn": rule_run.run_id if rule_run is not None else "",
+            "edited": updated_input is not None,
+        },
+    )
 
 
 def _add_rule(run: Run, rule: dict) -> None:
