@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from dashboard import views
+from dashboard import inbox, views
 
 urlpatterns = [
     path("api/", ("dashboard.api.urls", "api", "api")),
@@ -18,4 +18,6 @@ urlpatterns = [
     path("leases/<int:pk>/release/", views.lease_release, name="lease-release"),
     path("runners/", views.runners, name="runners"),
     path("audit/", views.audit, name="audit"),
+    # Approvals (SPEC §11)
+    path("approvals/", inbox.inbox, name="approvals"),
 ]

@@ -270,8 +270,15 @@ def run_detail(request, run_id):
         children=selectors.child_counts(run),
         **_usage_context(run),
         started=selectors.run_request(run),
+        pending_approvals=_pending_approvals(run),
     )
     return render(request, "run.html", context)
+
+
+def _pending_approvals(run: Run) -> list[dict]:
+    from delegation.selectors import approvals
+
+    return [approvals.approval_wire(a) for a in approvals.pending_of_run(run)]
 
 
 _BUDGET_FIELDS = (
