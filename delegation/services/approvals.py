@@ -28,7 +28,7 @@ from delegation.services.base import lock_run, store_server_event
 from delegation.services.identity import Actor
 from delegation.services.locks import retry_conflicts
 from delegation.services.outbox import enqueue
-from delegation.wire import canonical, utf8_len
+from delegation.wire import canonical, parse_model, utf8_len
 from delegation.wire.approvals import Policy
 
 MAX_INPUT_BYTES = 256 * 1024
@@ -278,11 +278,9 @@ def _add_rule(run: Run, rule: dict) -> None:
 # --- Policies ----------------------------------------------------------------------------
 
 
-def check_policy(raw) -> dict:
+def check_policy(raw, field: str = "approvals") -> dict:
     """A policy ``{rules, default}`` validated strictly (−32602 naming the field)."""
-    from delegation.wire import parse_model
-
-    return parse_model(Policy, raw, prefix="approvals").plain()
+    return parse_model(Policy, raw, prefix=field).plain()
 
 
 def store_policy(run: Run, policy: dict, *, source: str) -> None:

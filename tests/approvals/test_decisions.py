@@ -176,3 +176,41 @@ def world_run(run_id):
     from delegation.models import Run
 
     return Run.objects.get(run_id=run_id)
+
+
+def test_it_takes_a_childs_policy_from_child_start_and_a_launch_policy_from_run_open(world):
+    params = {
+        "runId": "root-1",
+        "extensionId": "ext",
+        "generation": 1,
+        "request": {
+            "requestId": "req-policy",
+            "profile": "worker",
+            "message": "careful",
+            "options": {
+                "approvals": {
+                    "rules": [
+                        {"match": {"tool": "Bash", "input": "git push*"}, "decision": "deny"}
+                    ],
+                    "default": "allow",
+                }
+            },
+        },
+    }
+    child = rpc.child_start(world.conn, params)
+    assert _ask(world, child["runId"], "t-1", command="git push origin")["decision"] == "deny"
+    assert _ask(world, child["runId"], "t-2", command="ls")["decision"] == "allow"
+    rpc.open_run(
+        world.conn,
+        {
+            "conversationId": "conv-top",
+            "runId": "top",
+            "approvals": {"rules": [], "default": "deny"},
+        },
+    )
+    assert _ask(world, "top", "t-3")["decision"] == "deny"
+    bad = {**params, "request": {**params["request"], "requestId": "req-bad"}}
+    bad["request"]["options"] = {"approvals": {"default": "sure"}}
+    with pytest.raises(RpcError) as refused:
+        rpc.child_start(world.conn, bad)
+    assert "request.options.approvals.default" in refused.value.message
