@@ -20,7 +20,7 @@ from tests.support.mcp_tools import LiveRunner, mcp_session, post_status
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
-TOOLS = {"delegate", "read_child", "steer_child", "cancel_child", "list_profiles"}
+TOOLS = {"delegate", "read_child", "steer_child", "cancel_child", "list_profiles", "approve"}
 
 
 @pytest.fixture
