@@ -31,6 +31,10 @@ STEPS = {
     ),
     "tree100k": tree.tree100k,
     "stop": budget_stop.stop,
+    # Approvals (issue 22): decision-to-tool latency on one and two processes, 200 waiting.
+    "approvals": lambda: results.update(
+        {k: round(v, 1) for k, v in __import__("bench.approvals").approvals.measure().items()}
+    ),
 }
 
 
