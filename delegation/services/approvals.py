@@ -330,20 +330,32 @@ def reevaluate_pending(run: Run) -> list[str]:
     return decided
 
 
-@retry_conflicts
+def _by_policy(run: Run, approval: Approval) -> dict | None:
+    decision = effective(
+        policy_chain(run), tool=approval.tool_name, kind=approval.kind, input=approval.input
+    )
+    if decision == "ask":
+        return None
+    message = "" if decision == "allow" else "denied by policy"
+    return {"decision": decision, "by": "policy", "message": message}
+
+
 def _reevaluate_one(approval_pk: int, run_pk: int) -> bool:
+    return _decide_if_pending(approval_pk, run_pk, _by_policy)
+
+
+@retry_conflicts
+def _decide_if_pending(approval_pk: int, run_pk: int, choose) -> bool:
+    """Under the locks, if still pending: ``choose(run, approval)``'s decision, if any."""
     with transaction.atomic():
         run = lock_run(run_pk)
         approval = _lock_approval(approval_pk)
         if approval.status != ApprovalStatus.PENDING:
             return False
-        decision = effective(
-            policy_chain(run), tool=approval.tool_name, kind=approval.kind, input=approval.input
-        )
-        if decision == "ask":
+        chosen = choose(run, approval)
+        if chosen is None:
             return False
-        message = "" if decision == "allow" else "denied by policy"
-        _decide(approval, run, decision=decision, by="policy", message=message)
+        _decide(approval, run, **chosen)
         return True
 
 
@@ -376,20 +388,15 @@ def expire_due(now=None) -> list[str]:
     return expired
 
 
-@retry_conflicts
+def _timed_out(run: Run, approval: Approval) -> dict:
+    seconds = settings.APPROVAL_TIMEOUT_SECONDS
+    return {
+        "decision": "deny",
+        "by": "timeout",
+        "message": f"no decision within {seconds:g} s",
+        "status": ApprovalStatus.EXPIRED,
+    }
+
+
 def expire_one(approval_pk: int, run_pk: int) -> bool:
-    with transaction.atomic():
-        run = lock_run(run_pk)
-        approval = _lock_approval(approval_pk)
-        if approval.status != ApprovalStatus.PENDING:
-            return False
-        seconds = settings.APPROVAL_TIMEOUT_SECONDS
-        _decide(
-            approval,
-            run,
-            decision="deny",
-            by="timeout",
-            message=f"no decision within {seconds:g} s",
-            status=ApprovalStatus.EXPIRED,
-        )
-        return True
+    return _decide_if_pending(approval_pk, run_pk, _timed_out)
