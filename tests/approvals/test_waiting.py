@@ -1,6 +1,8 @@
-"""Fifty agents waiting on approvals hold neither a thread nor a database connection each
-(SPEC §11): the ``approve`` calls wait on their run's doorbell. Counted from outside the server
-process (its threads, and on PostgreSQL its connections), then every call is answered."""
+"""Waiting for a decision, against a live server (SPEC §11): fifty agents waiting on
+approvals hold neither a thread nor a database connection each (the ``approve`` calls wait on
+their run's doorbell; counted from outside the server process), and a decision made while
+the runner is away reaches it after it reconnects (``approval.decided`` is stored and resent
+like every command)."""
 
 from __future__ import annotations
 
@@ -86,3 +88,35 @@ async def test_it_holds_no_thread_or_connection_per_waiting_approval(daphne_serv
         answers = await asyncio.gather(*calls)
     denied = [json.loads(a.content[0].text) for a in answers]
     assert all(d["behavior"] == "deny" and d["message"].startswith("no ap-") for d in denied)
+
+
+async def test_it_delivers_a_decision_made_while_the_runner_was_away(daphne_server):
+    token = await sync_to_async(lambda: tokens.create_runner("away")[1])()
+    async with LiveRunner(daphne_server, token) as live:
+        await live.open("away-run")
+        asked = await live.client.call(
+            "approval.request",
+            {"runId": "away-run", "toolCallId": "t1", "toolName": "Bash", "input": {"c": 1}},
+        )
+    assert asked["status"] == "pending"
+    operator = await sync_to_async(make_person)("operator")
+    await sync_to_async(approvals.do_decide_approval)(
+        actor=Actor.for_user(operator, via="api"),
+        approval=await sync_to_async(get_approval)(asked["approvalId"]),
+        decision="deny",
+        message="not now",
+    )
+    back = LiveRunner(daphne_server, token)
+    back.client.on("approval.decided", back._recorder("approval.decided"))
+    async with back:
+        for _ in range(200):
+            if any(m == "approval.decided" for m, _ in back.commands):
+                break
+            await asyncio.sleep(0.05)
+    (params,) = [p for m, p in back.commands if m == "approval.decided"]
+    assert params == {
+        "approvalId": asked["approvalId"],
+        "runId": "away-run",
+        "decision": "deny",
+        "message": "not now",
+    }
