@@ -271,8 +271,18 @@ def run_detail(request, run_id):
         **_usage_context(run),
         started=selectors.run_request(run),
         pending_approvals=_pending_approvals(run),
+        approval_policy_json=_policy_json(run),
     )
     return render(request, "run.html", context)
+
+
+def _policy_json(run: Run) -> str:
+    import json
+
+    from delegation.selectors import approvals
+
+    policy = approvals.policy_of(run)
+    return json.dumps(policy, indent=2) if policy is not None else ""
 
 
 def _pending_approvals(run: Run) -> list[dict]:

@@ -214,3 +214,15 @@ def test_it_takes_a_childs_policy_from_child_start_and_a_launch_policy_from_run_
     with pytest.raises(RpcError) as refused:
         rpc.child_start(world.conn, bad)
     assert "request.options.approvals.default" in refused.value.message
+
+
+def test_it_shows_pending_approvals_and_the_policy_editor_on_the_run_page(world, as_):
+    asked = _ask(world, "root-1", "t-page", command="make release")
+    page = as_("operator", "session").get("/runs/root-1/").content.decode()
+    assert asked["approvalId"] in page and "$ make release" in page
+    assert 'id="policy-form"' in page
+    viewer_page = as_("viewer", "session").get("/runs/root-1/").content.decode()
+    assert asked["approvalId"] in viewer_page and 'id="policy-form"' not in viewer_page
+    inbox = as_("viewer", "session").get("/approvals/").content.decode()
+    assert asked["approvalId"] in inbox
+    assert 'data-role="approvals-count">1<' in inbox

@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from delegation.models import ApprovalPolicy
 from tests.support.agents.claude_cli import run_claude
 from tests.support.agents.model_stub import ModelStub, Steps
 from tests.support.browser import needs_chromium, sign_in
@@ -79,3 +80,12 @@ def test_it_lets_an_operator_allow_claude_codes_command_from_the_inbox(
     page.goto(f"{server.http_url}/approvals/")
     page.wait_for_selector("#approvals [data-role=empty]")
     assert page.text_content("[data-role=approvals-count]") == "0"
+
+    # The run page's policy editor writes the run's policy (through the REST PUT).
+    page.goto(f"{server.http_url}/runs/cc-inbox/")
+    rule = {"match": {"tool": "Bash", "input": "touch *"}, "decision": "allow"}
+    page.fill("#policy-form [name=policy]", json.dumps({"rules": [rule], "default": "ask"}))
+    page.click("#policy-form [data-action=save-policy]")
+    page.wait_for_selector("#policy-form [data-role=policy-outcome]:text-is('Policy saved.')")
+    stored = ApprovalPolicy.objects.get(run__run_id="cc-inbox")
+    assert (stored.rules, stored.source) == ([rule], "operator")

@@ -178,5 +178,30 @@ document.addEventListener("keydown", (event) => {
   }
 });
 
+// The run page's policy editor: PUT /api/runs/{runId}/approval-policy (audited).
+const policyForm = document.getElementById("policy-form");
+if (policyForm) {
+  policyForm.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const outcome = policyForm.querySelector("[data-role=policy-outcome]");
+    let body;
+    try {
+      body = JSON.parse(policyForm.querySelector("[name=policy]").value || "{}");
+    } catch (error) {
+      outcome.textContent = `Not JSON: ${error.message}`;
+      return;
+    }
+    const response = await fetch(policyForm.dataset.endpoint, {
+      method: "PUT",
+      credentials: "same-origin",
+      headers: { "Content-Type": "application/json", Accept: "application/json", "X-CSRFToken": csrf() },
+      body: JSON.stringify(body),
+    });
+    const answer = await response.json();
+    outcome.textContent = response.ok ? "Policy saved." : `Refused: ${answer.error?.message ?? response.status}`;
+    refreshAll();
+  });
+}
+
 refreshAll();
 setInterval(refreshAll, POLL_MS);
