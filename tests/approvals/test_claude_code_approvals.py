@@ -172,3 +172,26 @@ async def test_it_lets_a_policy_rule_allow_without_anyone(daphne_server, tmp_pat
             "policy",
         )
         assert json.loads(json.dumps(approval["input"]))["command"] == f"touch {target}"
+
+
+@pytest.mark.own_server
+async def test_it_denies_when_nobody_decides_in_time(daphne_factory, tmp_path, operator_token):
+    server = daphne_factory(APPROVAL_TIMEOUT_SECONDS=2, MAINTENANCE_INTERVAL_SECONDS=0.2)
+    token = await sync_to_async(lambda: tokens.create_runner("claude-host")[1])()
+    target = tmp_path / "never.txt"
+    live, claude, stub = await _agent(server, token, "cc-timeout", tmp_path, target)
+    try:
+        run = await claude
+    finally:
+        stub.__exit__(None, None, None)
+        await live.__aexit__(None, None, None)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert not target.exists()
+    (result,) = stub.turns[-1].tool_results
+    assert "no decision within 2 s" in stub.turns[-1].tool_result_text(result)
+    auth = {"Authorization": f"Bearer {operator_token}"}
+    async with httpx.AsyncClient(base_url=server.http_url, headers=auth, timeout=30) as http:
+        (approval,) = (await http.get("/api/approvals", params={"run": "cc-timeout"})).json()[
+            "items"
+        ]
+    assert (approval["status"], approval["decidedBy"]) == ("expired", "timeout")
