@@ -39,6 +39,10 @@ STEPS = {
     # Issue 28: a retention pass's rows/s, and ingest during it vs without.
     "retention": lambda: __import__("bench.retention").retention.retention(),
     "fleet": lambda: fleet.main([]),
+    # Approvals (issue 22): decision-to-tool latency on one and two processes, 200 waiting.
+    "approvals": lambda: results.update(
+        {k: round(v, 1) for k, v in __import__("bench.approvals").approvals.measure().items()}
+    ),
 }
 
 

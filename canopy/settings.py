@@ -298,6 +298,10 @@ OUTBOX_RESEND_SECONDS = env_float("OUTBOX_RESEND_SECONDS", 5.0, minimum=0.05)
 RUNNER_SILENT_SECONDS = env_float(
     "RUNNER_SILENT_SECONDS", max(15.0, 3 * OUTBOX_RESEND_SECONDS), minimum=OUTBOX_RESEND_SECONDS
 )
+# --- Approvals (SPEC §11) ---
+# A pending approval nobody decides within this is denied (status expired).
+APPROVAL_TIMEOUT_SECONDS = env_float("APPROVAL_TIMEOUT_SECONDS", 900.0, minimum=1)
+# ---
 MAINTENANCE_INTERVAL_SECONDS = env_float("MAINTENANCE_INTERVAL_SECONDS", 1.0, minimum=0.05)
 # Retention: see the "Retention and single sign-on" block at the end.
 UPKEEP_IN_PROCESS = env_bool("UPKEEP_IN_PROCESS", True)

@@ -3,7 +3,7 @@
 from django.conf import settings
 from django.urls import path
 
-from dashboard import alerts_views, retention, views
+from dashboard import alerts_views, inbox, retention, views
 
 urlpatterns = [
     path("api/", ("dashboard.api.urls", "api", "api")),
@@ -25,6 +25,8 @@ urlpatterns = [
     path("alerts/", alerts_views.alerts_page, name="alerts"),
     path("alerts/webhooks/", alerts_views.webhook_create, name="webhook-create"),
     path("alerts/webhooks/<int:pk>/test/", alerts_views.webhook_test, name="webhook-test"),
+    # Approvals (SPEC §11)
+    path("approvals/", inbox.inbox, name="approvals"),
 ]
 
 # Single sign-on (issue 28): the provider's button and its callback, when a provider is set.

@@ -324,8 +324,25 @@ def run_detail(request, run_id):
         children=selectors.child_counts(run),
         **_usage_context(run),
         started=selectors.run_request(run),
+        pending_approvals=_pending_approvals(run),
+        approval_policy_json=_policy_json(run),
     )
     return render(request, "run.html", context)
+
+
+def _policy_json(run: Run) -> str:
+    import json
+
+    from delegation.selectors import approvals
+
+    policy = approvals.policy_of(run)
+    return json.dumps(policy, indent=2) if policy is not None else ""
+
+
+def _pending_approvals(run: Run) -> list[dict]:
+    from delegation.selectors import approvals
+
+    return [approvals.approval_wire(a) for a in approvals.pending_of_run(run)]
 
 
 _BUDGET_FIELDS = (

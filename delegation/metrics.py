@@ -99,6 +99,29 @@ LIVE_DOORBELLS = Counter(
     "Channel-layer messages taken off the layer for live sockets",
 )
 
+# --- Approvals (SPEC §11) ---
+APPROVALS_REQUESTED = Counter(
+    "canopy_approvals_requested", "Approvals left pending for a person (policy did not decide)"
+)
+APPROVAL_DECISION_SECONDS = Histogram(
+    "canopy_approval_decision_seconds",
+    "From an approval's request to its decision, by who decided (policy, operator, timeout, "
+    "cancel)",
+    ["by"],
+    buckets=(0.01, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600),
+)
+
+
+def approval_requested() -> None:
+    APPROVALS_REQUESTED.inc()
+
+
+def approval_decided(by: str, seconds: float) -> None:
+    APPROVAL_DECISION_SECONDS.labels(by=by).observe(max(seconds, 0.0))
+
+
+# ---
+
 # Events older than this when pushed are a replay of history (a subscription from the
 # start), not a push: they would say nothing about latency.
 PUSH_OBSERVE_MAX_AGE = 60.0
@@ -215,6 +238,15 @@ class DatabaseCollector:
         for state in ("pending", "failing", "sent"):
             traces.add_metric([state], queued[state] or 0)
         yield traces
+        yield _pending_approvals()
+
+
+def _pending_approvals():
+    from delegation.models import Approval, ApprovalStatus
+
+    pending = GaugeMetricFamily("canopy_approvals_pending", "Approvals waiting for a decision")
+    pending.add_metric([], Approval.objects.filter(status=ApprovalStatus.PENDING).count())
+    return pending
 
 
 _PID_FILE = re.compile(r"_(\d+)\.db$")

@@ -8,7 +8,7 @@ so any other transport can call them with the same typed arguments.
 from __future__ import annotations
 
 from delegation import metrics
-from delegation.services import children, run_tokens, runners, streams
+from delegation.services import approval_doors, children, run_tokens, runners, streams
 from delegation.services.identity import Caller, Connection
 from delegation.wire import (
     Params,
@@ -20,6 +20,7 @@ from delegation.wire import (
     ToolEndParams,
     parse_model,
 )
+from delegation.wire.approvals import ApprovalRequestParams
 
 
 def register(conn: Connection, raw_params) -> tuple[dict, int, str]:
@@ -75,6 +76,10 @@ def child_lease_release(conn: Connection, raw_params) -> tuple[int, list[str]]:
     return children.release_child_lease(conn, params)
 
 
+def approval_request(conn: Connection, raw_params) -> dict:
+    return approval_doors.request_approval(conn, parse_model(ApprovalRequestParams, raw_params))
+
+
 # method -> function taking (connection, raw params) and returning the JSON result.
 HANDLERS = {
     "run.open": open_run,
@@ -86,6 +91,7 @@ HANDLERS = {
     "child.cancel": child_cancel,
     "child.steer": child_steer,
     "run.mcpToken": mcp_token,
+    "approval.request": approval_request,
 }
 # Methods the consumer handles itself around the call: register swaps the connection, and
 # release answers only once the lease's children have stopped.

@@ -3,6 +3,7 @@
 # traces adds GET /runs/{runId}/trace (SPEC §12) to the runs router.
 from dashboard.api import (  # noqa: F401
     alerts,
+    approvals,  # SPEC §11: the approval queue and policies
     audit,
     children,  # issue 24: adds /runs/{runId}/children
     compare,  # issue 25: two runs side by side
@@ -65,5 +66,6 @@ for router in (
     alerts.router,
     overview.router,
     compare.router,
+    approvals.router,
 ):
     api.add_router("", router)

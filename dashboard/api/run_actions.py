@@ -40,6 +40,7 @@ def launch_run(request, body: LaunchBody):
         extension_id=body.extension_id,
         cwd=body.cwd,
         budget=body.budget.limits() if body.budget is not None else None,
+        approvals=body.approvals.plain() if body.approvals is not None else None,
     )
     return 201, do_launch_run(actor_for(request), launch)
 

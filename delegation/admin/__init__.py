@@ -10,7 +10,16 @@ operators also act, admins also manage runners and API tokens.
 from django.contrib import admin
 
 # Importing the modules registers their model admins.
-from delegation.admin import access, alerts, base, leases, runners, runs, upkeep  # noqa: F401
+from delegation.admin import (  # noqa: F401
+    access,
+    alerts,
+    approvals,
+    base,
+    leases,
+    runners,
+    runs,
+    upkeep,
+)
 from delegation.admin.runs import SteerForm
 
 admin.site.site_header = "Canopy admin"

@@ -12,6 +12,7 @@ from mcp_types import CallToolResult
 from pydantic import Field
 
 from delegation.errors import RpcError
+from delegation.mcp.approve import add_approve
 from delegation.mcp.arguments import StrictMCPServer
 from delegation.mcp.calls import call_service, child_params, ok, refused
 from delegation.mcp.join import JOIN_INSTRUCTIONS, add_join_tools
@@ -88,6 +89,7 @@ def build_server() -> MCPServer:
     _add_list_profiles(server)
     # Fan out and join (issue 24): await_children, conclude.
     add_join_tools(server)
+    add_approve(server)
     server.make_strict()
     return server
 

@@ -11,6 +11,7 @@ from delegation.models.alerts import (
     WebhookAttempt,
     WebhookDelivery,
 )
+from delegation.models.approvals import Approval, ApprovalPolicy, ApprovalStatus
 from delegation.models.commands import Command, SteerReceipt
 from delegation.models.runners import (
     ExtensionPreset,
@@ -43,6 +44,9 @@ __all__ = [
     "TASK_CHARS",
     "TERMINAL_STATUSES",
     "ApiToken",
+    "Approval",
+    "ApprovalPolicy",
+    "ApprovalStatus",
     "AuditEntry",
     "Budget",
     "Command",

@@ -3,7 +3,14 @@
 from django.db import models
 from django.utils import timezone
 
-ALERT_KINDS = ("budget-warning", "budget-exceeded", "run-failed", "run-lost", "runner-lost")
+ALERT_KINDS = (
+    "budget-warning",
+    "budget-exceeded",
+    "run-failed",
+    "run-lost",
+    "runner-lost",
+    "approval-requested",
+)
 
 
 class Webhook(models.Model):

@@ -70,6 +70,7 @@ class Command(models.Model):
         RUN_CANCEL = "run.cancel"
         RUN_STEER = "run.steer"
         LEASE_REVOKED = "lease.revoked"
+        APPROVAL_DECIDED = "approval.decided"
 
     runner = models.ForeignKey(Runner, on_delete=models.CASCADE, related_name="commands")
     method = models.CharField(max_length=32, choices=Method.choices)

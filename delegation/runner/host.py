@@ -127,6 +127,37 @@ class RunContext:
                 await self.cancel_event.wait()
         self.check_cancel()
 
+    # -- approvals (SPEC §11), on behalf of this run --------------------------------------
+
+    async def ask_approval(
+        self, tool_call_id: str, tool_name: str, input: Any, kind: str = "", title: str = ""
+    ) -> dict:
+        """Ask Canopy whether a tool use may run: ``{decision, message?, updatedInput?}``.
+
+        Policy may decide at once; otherwise this waits for the ``approval.decided`` command
+        (stored and resent by the server, so a reconnect loses nothing), or for a cancel,
+        which is answered ``{"decision": "cancelled"}``.
+        """
+        params = {"runId": self.run_id, "toolCallId": tool_call_id, "toolName": tool_name}
+        params["input"] = input
+        if kind:
+            params["kind"] = kind
+        if title:
+            params["title"] = title[:1024]
+        answer = await self.client.call("approval.request", params)
+        if answer.get("status") == "decided":
+            return answer
+        decided = self.host.approval_future(answer["approvalId"])
+        cancelled = asyncio.ensure_future(self.cancel_event.wait())
+        try:
+            await asyncio.wait({decided, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cancelled.cancel()
+        if decided.done():
+            self.host.approvals.pop(answer["approvalId"], None)
+            return decided.result()
+        return {"decision": "cancelled"}
+
     # -- delegation, on behalf of this run ---------------------------------------------
 
     async def child_start(self, request: Mapping[str, Any], tool_call_id: str | None = None):
@@ -205,6 +236,9 @@ class RunnerHost:
         self.client.on("run.cancel", self._on_cancel)
         self.client.on("run.steer", self._on_steer)
         self.client.on("lease.revoked", self._on_lease_revoked)
+        # approvalId -> the decision's future; decisions arrive as commands (SPEC §11).
+        self.approvals: dict[str, asyncio.Future] = {}
+        self.client.on("approval.decided", self._on_approval_decided)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -362,6 +396,19 @@ class RunnerHost:
             return await deliver(ctx, message)
         ctx.steers.put_nowait(message)
         return "injected"
+
+    def approval_future(self, approval_id: str) -> asyncio.Future:
+        future = self.approvals.get(approval_id)
+        if future is None:
+            future = self.approvals[approval_id] = asyncio.get_running_loop().create_future()
+        return future
+
+    async def _on_approval_decided(self, params: dict, client: RunnerClient) -> dict:
+        # Idempotent: a resent decision finds its future already resolved.
+        future = self.approval_future(str(params.get("approvalId", "")))
+        if not future.done():
+            future.set_result(dict(params))
+        return {}
 
     async def _on_lease_revoked(self, params: dict, client: RunnerClient) -> dict:
         lease_id = params.get("leaseId", "")

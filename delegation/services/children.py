@@ -42,7 +42,7 @@ from delegation.models import (
     Session,
 )
 from delegation.selectors import RESULT_RELATED, events_after, snapshot
-from delegation.services import budgets, lifecycle, rollups
+from delegation.services import approvals, budgets, lifecycle, rollups
 from delegation.services.base import lock_run, store_server_event
 from delegation.services.identity import Actor, Caller, Connection, as_caller
 from delegation.services.locks import retry_conflicts
@@ -406,6 +406,7 @@ def check_options(start: _Start) -> dict:
     """The child's options: the parent's, narrowed by the preset's and then the request's."""
     request_options = start.request.options.wire() if start.request.options is not None else {}
     request_options.pop("budget", None)  # a budget is a limit on the subtree, not an option
+    request_options.pop("approvals", None)  # a policy too (SPEC §11): strictest of the chain
     return narrow_options(
         start.parent.options,
         ("preset.options", start.preset.options or {}),
@@ -488,6 +489,11 @@ def do_start_child(start: _Start) -> dict:
         budgets.set_runner_budget(
             child, request.options.budget, "request.options.budget", start.caller.label(runner)
         )
+    if request.options is not None and request.options.approvals is not None:
+        # An agent's policy (through MCP) may only narrow; its allow rules count for nothing.
+        source = "agent" if start.caller.via == RunVia.MCP.value else "runner"
+        policy = approvals.check_policy(request.options.approvals, "request.options.approvals")
+        approvals.store_policy(child, policy, source=source)
     return lifecycle.dispatch(
         child,
         method=Command.Method.CHILD_EXECUTE,

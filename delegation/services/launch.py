@@ -15,7 +15,7 @@ from django.db import transaction
 
 from delegation.errors import INVALID_PARAMS, NOT_REGISTERED, PRESET_STALE, RpcError
 from delegation.models import Budget, Command, ExtensionPreset, Run, Runner, RunnerState, RunVia
-from delegation.services import budgets, lifecycle
+from delegation.services import approvals, budgets, lifecycle
 from delegation.services.audit import audit, require_operator
 from delegation.services.identity import Actor
 from delegation.services.locks import retry_conflicts
@@ -31,6 +31,7 @@ class Launch:
     cwd: str | None = None
     budget: BudgetLimits | None = None  # SPEC §10: bounds the whole tree from its start
     relaunched_from: int | None = None  # the pk of the run this one starts again (relaunch)
+    approvals: dict | None = None  # SPEC §11: the run's approval policy {rules, default}
 
 
 def do_launch_run(actor: Actor, launch: Launch) -> dict:
@@ -111,6 +112,8 @@ def _launch_locked(actor: Actor, launch: Launch) -> dict:
     )
     if launch.budget is not None:
         budgets.launch_budget(run, launch.budget, actor)
+    if launch.approvals is not None:
+        approvals.store_policy(run, approvals.check_policy(launch.approvals), source="operator")
     result = lifecycle.dispatch(run, method=Command.Method.RUN_EXECUTE)
     audit(
         actor,
@@ -125,6 +128,7 @@ def _launch_locked(actor: Actor, launch: Launch) -> dict:
             "message": launch.message[:500],
             "budget": launch.budget.wire() if launch.budget is not None else None,
             "relaunchedFrom": run.relaunched_from.run_id if run.relaunched_from_id else None,
+            "approvals": launch.approvals,
         },
     )
     return result

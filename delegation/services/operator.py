@@ -32,6 +32,7 @@ from delegation.models import (
 )
 from delegation.protocol import MAX_STEER_BYTES
 from delegation.selectors import live_descendants
+from delegation.services.approvals import deny_pending
 from delegation.services.audit import audit, require_operator
 from delegation.services.base import lock_run, store_server_event
 from delegation.services.identity import Actor
@@ -54,6 +55,7 @@ def request_cancel(actor: Actor, run: Run, reason: str) -> str:
     run.save(update_fields=["cancel_requested_at", "cancel_reason"])
     text = f"cancel requested by {actor.label}" + (f": {reason}" if reason else "")
     store_server_event(run, "cancel-requested", actor=actor.label, text=text)
+    deny_pending(run, reason="run cancelled")
     enqueue(
         run.runner_id,
         Command.Method.RUN_CANCEL,

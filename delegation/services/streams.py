@@ -17,7 +17,7 @@ from delegation.errors import (
 from delegation.models import AuditEntry, Event, ExtensionPreset, Run, RunStatus, Session
 from delegation.protocol import SERVER_EVENT_KINDS
 from delegation.selectors import EVENT_FIELDS, RESULT_RELATED, live_event_row, snapshot
-from delegation.services import budgets, event_store, lifecycle, rollups
+from delegation.services import approvals, budgets, event_store, lifecycle, rollups
 from delegation.services.base import activity_of, lock_run
 from delegation.services.conclusions import conclude_from_output
 from delegation.services.identity import Actor, Connection
@@ -104,6 +104,8 @@ def open_run(conn: Connection, params: RunOpenParams) -> dict:
         )
         if params.budget is not None:
             budgets.set_runner_budget(run, params.budget, "budget", f"runner:{runner.name}")
+        if params.approvals is not None:
+            approvals.store_policy(run, approvals.check_policy(params.approvals), source="runner")
         # The runner executes its own run: nothing to dispatch, only the dashboards to tell.
         lifecycle.announce(run)
         return snapshot(run)

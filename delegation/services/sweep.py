@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from delegation import notify
 from delegation.models import Lease, LeaseState, Runner
-from delegation.services import budgets, rollups
+from delegation.services import approvals, budgets, rollups
 from delegation.services.identity import Actor
 from delegation.services.locks import retry_conflicts
 from delegation.services.operator import do_release_lease
@@ -26,6 +26,7 @@ class SweepReport:
     expired_leases: list[str] = field(default_factory=list)
     lost_runners: list[str] = field(default_factory=list)
     budget_stops: list[int] = field(default_factory=list)
+    expired_approvals: list[str] = field(default_factory=list)
 
 
 def sweep(now=None) -> SweepReport:
@@ -50,6 +51,7 @@ def sweep(now=None) -> SweepReport:
         if lost:
             report.lost_runners.append(lost)
     report.budget_stops = budgets.sweep_budgets(now)
+    report.expired_approvals = approvals.expire_due()
     return report
 
 

@@ -199,6 +199,9 @@ class RequestOptions(Options):
     """A request's options may also carry a budget for the child's subtree (SPEC §10)."""
 
     budget: BudgetLimits = Field(default=None)
+    # SPEC §11: the child's approval policy; like the budget, not an option that narrows by
+    # key (it narrows by the strictest-of-the-chain rule), checked by the approvals service.
+    approvals: dict[str, Any] = Field(default=None)
 
 
 class Request(Strict):
@@ -321,6 +324,9 @@ class RunOpenParams(Strict):
     @classmethod
     def _message(cls, value: str) -> str:
         return _max_bytes(value, MAX_MESSAGE_BYTES, "message")
+
+    # SPEC §11: the run's own approval policy {rules, default}, checked by the service.
+    approvals: dict[str, Any] = Field(default=None)
 
 
 class RunEventParams(Strict):

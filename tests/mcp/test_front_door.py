@@ -25,7 +25,7 @@ from tests.support.mcp_tools import (
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
-TOOLS = {"delegate", "read_child", "steer_child", "cancel_child", "list_profiles"}
+TOOLS = {"delegate", "read_child", "steer_child", "cancel_child", "list_profiles", "approve"}
 # Fan out and join (issue 24).
 TOOLS |= {"await_children", "conclude"}
 

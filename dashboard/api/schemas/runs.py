@@ -23,6 +23,7 @@ from dashboard.api.schemas.usage import BudgetLimitsBody, BudgetOut, TreeBudget,
 from delegation.models import LeaseState, RunStatus
 from delegation.protocol import MAX_STEER_BYTES
 from delegation.wire import MAX_MESSAGE_BYTES, Strict, utf8_len
+from delegation.wire.approvals import Policy
 
 
 class RelaunchBody(Strict):
@@ -134,6 +135,11 @@ class LaunchBody(Strict):
         default=None,
         description="Limits on the launched run's whole tree (SPEC §10): maxRuns, maxLive, "
         "maxTokens, maxCostUsd, maxSeconds; an omitted limit is unbounded.",
+    )
+    approvals: Policy = Field(
+        default=None,
+        description="The run's approval policy (SPEC §11) `{rules, default}`; it also weighs "
+        "on every run below it (strictest wins).",
     )
 
     _checks = field_validator("runner", "profile", "message", "extension_id", "cwd")(

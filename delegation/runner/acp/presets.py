@@ -30,10 +30,12 @@ class AcpRefused(Exception):
 @dataclass
 class AcpPreset(AgentPreset):
     allow_tool_kinds: tuple[str, ...] = ()
+    # SPEC §11: ask Canopy (policy, else an operator) for what the allow-list does not allow.
+    ask_canopy: bool = False
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any]) -> AcpPreset:
-        fields = check_fields(raw, label="acp preset", extra=("allowToolKinds",))
+        fields = check_fields(raw, label="acp preset", extra=("allowToolKinds", "askCanopy"))
         label = f"acp preset {fields['name']!r}"
         kinds = raw.get("allowToolKinds", [])
         if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
@@ -44,4 +46,7 @@ class AcpPreset(AgentPreset):
                 f"{label}: 'allowToolKinds' has unknown kind(s) {', '.join(bad)} "
                 f"(ACP tool kinds: {', '.join(TOOL_KINDS)})"
             )
-        return cls(**fields, allow_tool_kinds=tuple(kinds))
+        ask = raw.get("askCanopy", False)
+        if not isinstance(ask, bool):
+            raise ValueError(f"{label}: 'askCanopy' must be true or false")
+        return cls(**fields, allow_tool_kinds=tuple(kinds), ask_canopy=ask)

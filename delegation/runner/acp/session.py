@@ -16,6 +16,9 @@ from delegation.runner.acp.presets import AcpPreset
 from delegation.runner.formats import COALESCE_BYTES, clip, usage_event
 from delegation.runner.host import RunContext
 
+# The ACP tool kinds an approval rule's ``kind`` matches (SPEC §11); anything else is "other".
+APPROVAL_KINDS = ("read", "edit", "delete", "move", "search", "execute", "think", "fetch")
+
 # Coalesced chunks wait at most this long, so a slow message still shows up while it grows.
 CHUNK_MAX_AGE = 0.5
 
@@ -73,6 +76,8 @@ class Session:
         self.part_open = False
         self.last_message_id: str | None = None
         self.tool_names: dict[str, str] = {}
+        # The kind each tool call was announced with: a permission request may omit it.
+        self.tool_kinds: dict[str, str] = {}
         self.cost_seen = 0.0
         self.cancelling = False
 
@@ -161,6 +166,8 @@ class Session:
             self._tool_update(update)
             return
         self.tool_names[call_id] = update.title
+        if update.kind:
+            self.tool_kinds[call_id] = update.kind
         args = update.raw_input if update.raw_input is not None else {}
         self.put(
             event(
@@ -248,19 +255,22 @@ class Session:
         self, session_id: str, tool_call: Any, options: list, **kwargs: Any
     ) -> RequestPermissionResponse:
         self.flush()
-        kind = tool_call.kind or "other"
+        kind = tool_call.kind or self.tool_kinds.get(tool_call.tool_call_id) or "other"
         name = tool_call.title or self.tool_names.get(tool_call.tool_call_id) or ""
         allowed = kind in self.preset.allow_tool_kinds and not self.cancelling
-        wanted = ("allow_once", "allow_always") if allowed else ("reject_once", "reject_always")
-        option = next((o for w in wanted for o in options if o.kind == w), None)
-        if self.cancelling:
-            option = None  # ACP: pending permission requests of a cancelled turn are cancelled
+        reason = ""
         if self.cancelling:
             reason = "the run is being cancelled"
         elif allowed:
             reason = f"tool kind {kind!r} is allowed by preset {self.preset.name!r}"
+        elif self.preset.ask_canopy:
+            allowed, reason = await self._ask_canopy(tool_call, kind, name)
         else:
             reason = f"tool kind {kind!r} is not on preset {self.preset.name!r}'s allow-list"
+        wanted = ("allow_once", "allow_always") if allowed else ("reject_once", "reject_always")
+        option = next((o for w in wanted for o in options if o.kind == w), None)
+        if self.cancelling:
+            option = None  # ACP: pending permission requests of a cancelled turn are cancelled
         decision = "allowed" if allowed and option is not None else "denied"
         self.put(
             event(
@@ -282,6 +292,25 @@ class Session:
         return RequestPermissionResponse(
             outcome=AllowedOutcome(outcome="selected", option_id=option.option_id)
         )
+
+    async def _ask_canopy(self, tool_call: Any, kind: str, name: str) -> tuple[bool, str]:
+        """SPEC §11: Canopy's decision (policy at once, or an operator's, or a cancel)."""
+        raw = _dump(tool_call.raw_input) if tool_call.raw_input is not None else {}
+        answer = await self.ctx.ask_approval(
+            tool_call.tool_call_id,
+            # ACP names no tool, only a title (claude-code-acp: the command in backticks).
+            name or self.tool_names.get(tool_call.tool_call_id) or kind,
+            raw,
+            kind=kind if kind in APPROVAL_KINDS else "other",
+            title=name,
+        )
+        decision = answer.get("decision")
+        if decision == "cancelled":
+            self.cancelling = True
+            return False, "the run is being cancelled"
+        message = answer.get("message") or ""
+        why = f"Canopy: {decision}" + (f" ({message})" if message else "")
+        return decision == "allow", why
 
     # The runner offers the agent no file system and no terminal (it advertises neither),
     # so these are refused if an agent calls them anyway.

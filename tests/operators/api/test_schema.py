@@ -15,7 +15,7 @@ from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
 
-from delegation import roles
+from delegation import roles, rpc
 from delegation.services import alerts
 from delegation.services.operator import Actor
 from tests.support.api import build_world
@@ -63,6 +63,12 @@ def operator_world(operator):
     world.webhook_pk = alerts.do_create_webhook(
         Actor.for_user(admin, via="api"), url="https://hooks.example/x", kinds=["run-failed"]
     ).webhook.pk
+    # Approvals (SPEC §11): one pending on the child, so aimed cases can read and decide it.
+    asked = rpc.approval_request(
+        world.conn,
+        {"runId": world.child["runId"], "toolCallId": "t", "toolName": "Bash", "input": {}},
+    )
+    world.extra["approvalId"] = asked["approvalId"]
     _current["statuses"] = []
     yield world
     statuses = _current.pop("statuses")
@@ -113,6 +119,7 @@ def aim_at_real_resources(case, world) -> None:
         "otherRunId": world.root["runId"],  # compare: two runs that exist
         "conversationId": "conv-root-1",
         "runnerId": world.runner_name,
+        "approvalId": world.extra.get("approvalId", ""),
     }
     for name, value in real.items():
         if name in (case.path_parameters or {}):

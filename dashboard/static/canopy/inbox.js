@@ -1,0 +1,207 @@
+// The approvals inbox and the run page's pending approvals (SPEC §11): follows
+// /api/approvals (oldest first) and decides through POST /api/approvals/{id}/decision with the
+// session's CSRF token. Every list on the page marked [data-approvals] is kept current.
+
+const POLL_MS = 1000;
+const csrf = () => document.querySelector("[name=csrfmiddlewaretoken]")?.value ?? "";
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (key === "text") node.textContent = value;
+    else node.setAttribute(key, value);
+  }
+  for (const child of children) if (child) node.append(child);
+  return node;
+}
+
+function age(iso) {
+  const seconds = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
+  if (seconds < 60) return `${seconds}s ago`;
+  if (seconds < 3600) return `${Math.round(seconds / 60)}m ago`;
+  return `${Math.round(seconds / 3600)}h ago`;
+}
+
+// The input as a person reads it: a command as a command, an edit as a diff, else JSON.
+function renderInput(input) {
+  const pre = el("pre", { class: "output approval-input", "data-field": "input" });
+  if (input && typeof input.command === "string") {
+    pre.textContent = `$ ${input.command}`;
+  } else if (input && typeof input.old_string === "string" && typeof input.new_string === "string") {
+    pre.append(el("div", { class: "muted", text: input.file_path ?? "" }));
+    for (const line of input.old_string.split("\n")) pre.append(el("div", { class: "diff-del", text: `- ${line}` }));
+    for (const line of input.new_string.split("\n")) pre.append(el("div", { class: "diff-add", text: `+ ${line}` }));
+  } else {
+    pre.textContent = JSON.stringify(input, null, 2);
+  }
+  return pre;
+}
+
+function card(a, canAct) {
+  const head = el(
+    "div",
+    { class: "approval-head" },
+    el("span", { class: "badge mono", "data-field": "toolName", text: a.toolName }),
+    a.kind ? el("span", { class: "badge", text: a.kind }) : null,
+    el("a", { class: "mono", href: `/runs/${encodeURIComponent(a.runId)}/`, text: a.runId }),
+    el("span", {
+      class: "muted small",
+      text: ` tree ${a.rootRunId} · depth ${a.depth} · ${a.profile || "—"} on ${a.runner} · ${age(a.requestedAt)}`,
+    }),
+  );
+  const node = el("article", { class: "card approval", "data-approval-id": a.approvalId, tabindex: "0" }, head);
+  if (a.title && a.title !== a.toolName) node.append(el("p", { class: "small", text: a.title }));
+  node.append(renderInput(a.input));
+  if (!canAct) {
+    node.append(el("p", { class: "muted small", text: "Viewers see approvals; operators decide them." }));
+    return node;
+  }
+  const message = el("input", { type: "text", name: "message", placeholder: "Why (shown to the agent on deny)", maxlength: "10000" });
+  const editor = el("textarea", { name: "updatedInput", rows: "4", hidden: "" });
+  editor.value = JSON.stringify(a.input, null, 2);
+  const status = el("p", { class: "small", role: "status", "data-role": "outcome" });
+  const button = (label, action, cls) => el("button", { class: `btn btn-sm ${cls}`, type: "button", "data-action": action, text: label });
+  const actions = el(
+    "div",
+    { class: "actions" },
+    button("Allow once", "allow", "btn-primary"),
+    button("Allow always (run)", "allow-always", ""),
+    button("Allow always (tree)", "allow-always-root", ""),
+    button("Edit, then allow", "edit", ""),
+    button("Deny", "deny", "btn-danger"),
+  );
+  node.append(editor, el("div", { class: "approval-decide" }, message, actions), status);
+  node.addEventListener("click", (event) => {
+    const action = event.target?.dataset?.action;
+    if (action) act(node, a, action);
+  });
+  return node;
+}
+
+async function act(node, a, action) {
+  const editor = node.querySelector("[name=updatedInput]");
+  const message = node.querySelector("[name=message]").value.trim();
+  const body = { decision: action === "deny" ? "deny" : "allow" };
+  if (action === "edit") {
+    if (editor.hidden) {
+      editor.hidden = false;
+      editor.focus();
+      node.querySelector("[data-action=edit]").textContent = "Allow as edited";
+      return;
+    }
+    try {
+      body.updatedInput = JSON.parse(editor.value);
+    } catch (error) {
+      node.querySelector("[data-role=outcome]").textContent = `The edited input is not JSON: ${error.message}`;
+      return;
+    }
+  }
+  if (action === "allow-always" || action === "allow-always-root") body.scope = "always";
+  if (action === "allow-always-root") body.scopeRun = "root";
+  if (message) body.message = message;
+  for (const b of node.querySelectorAll("button")) b.disabled = true;
+  const response = await fetch(`/api/approvals/${encodeURIComponent(a.approvalId)}/decision`, {
+    method: "POST",
+    credentials: "same-origin",
+    headers: { "Content-Type": "application/json", Accept: "application/json", "X-CSRFToken": csrf() },
+    body: JSON.stringify(body),
+  });
+  const answer = await response.json();
+  const outcome = node.querySelector("[data-role=outcome]");
+  if (response.ok) {
+    outcome.textContent = `${answer.decision} by ${answer.decidedBy}`;
+    node.dataset.decided = answer.decision;
+  } else {
+    outcome.textContent = `Refused: ${answer.error?.message ?? response.status}`;
+    for (const b of node.querySelectorAll("button")) b.disabled = false;
+  }
+  refreshAll();
+}
+
+async function refresh(list) {
+  const canAct = list.dataset.canAct === "1";
+  let page;
+  try {
+    const response = await fetch(`${list.dataset.endpoint}?${list.dataset.query}`, { credentials: "same-origin" });
+    if (!response.ok) return;
+    page = await response.json();
+  } catch {
+    return;
+  }
+  const seen = new Set(page.items.map((a) => a.approvalId));
+  for (const node of list.querySelectorAll("[data-approval-id]")) {
+    // A card being edited or just decided stays until its decision shows elsewhere too.
+    if (!seen.has(node.dataset.approvalId) && !node.contains(document.activeElement)) node.remove();
+  }
+  for (const a of page.items) {
+    const existing = list.querySelector(`[data-approval-id="${CSS.escape(a.approvalId)}"]`);
+    // The server's first rendering has no buttons: replaced by a live card once.
+    if (existing && existing.dataset.live) continue;
+    const fresh = card(a, canAct);
+    fresh.dataset.live = "1";
+    if (existing) existing.replaceWith(fresh);
+    else list.append(fresh);
+  }
+  const empty = list.querySelector("[data-role=empty]");
+  const any = list.querySelector("[data-approval-id]");
+  if (empty) empty.hidden = Boolean(any);
+  else if (!any) list.append(el("p", { class: "muted empty", "data-role": "empty", text: "Nothing waiting for a decision." }));
+  if (list.dataset.query === "status=pending") {
+    const count = document.querySelector("[data-role=approvals-count]");
+    if (count) count.textContent = String(page.items.length);
+  }
+}
+
+function refreshAll() {
+  for (const list of document.querySelectorAll("[data-approvals]")) refresh(list);
+}
+
+// Keyboard: the focused (or first) approval card.
+document.addEventListener("keydown", (event) => {
+  if (event.target.closest?.("input, textarea")) return;
+  const cards = [...document.querySelectorAll("[data-approvals] [data-approval-id]:not([data-decided])")];
+  if (!cards.length) return;
+  const current = cards.find((c) => c.contains(document.activeElement)) ?? cards[0];
+  const index = cards.indexOf(current);
+  const press = (action) => current.querySelector(`[data-action=${action}]`)?.click();
+  const keys = {
+    a: () => press("allow"),
+    A: () => press("allow-always"),
+    d: () => press("deny"),
+    e: () => press("edit"),
+    j: () => cards[Math.min(index + 1, cards.length - 1)].focus(),
+    k: () => cards[Math.max(index - 1, 0)].focus(),
+  };
+  if (keys[event.key]) {
+    event.preventDefault();
+    keys[event.key]();
+  }
+});
+
+// The run page's policy editor: PUT /api/runs/{runId}/approval-policy (audited).
+const policyForm = document.getElementById("policy-form");
+if (policyForm) {
+  policyForm.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const outcome = policyForm.querySelector("[data-role=policy-outcome]");
+    let body;
+    try {
+      body = JSON.parse(policyForm.querySelector("[name=policy]").value || "{}");
+    } catch (error) {
+      outcome.textContent = `Not JSON: ${error.message}`;
+      return;
+    }
+    const response = await fetch(policyForm.dataset.endpoint, {
+      method: "PUT",
+      credentials: "same-origin",
+      headers: { "Content-Type": "application/json", Accept: "application/json", "X-CSRFToken": csrf() },
+      body: JSON.stringify(body),
+    });
+    const answer = await response.json();
+    outcome.textContent = response.ok ? "Policy saved." : `Refused: ${answer.error?.message ?? response.status}`;
+    refreshAll();
+  });
+}
+
+refreshAll();
+setInterval(refreshAll, POLL_MS);

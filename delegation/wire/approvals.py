@@ -1,0 +1,66 @@
+"""Strict shapes of SPEC §11: an approval policy, ``approval.request`` and a decision."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from delegation.wire.schemas import Strict, ValidId
+
+ACP_KINDS = ("read", "edit", "delete", "move", "search", "execute", "think", "fetch", "other")
+MAX_RULES = 256
+MAX_GLOB_CHARS = 4096
+MAX_MESSAGE_CHARS = 10_000
+
+Decision = Literal["allow", "ask", "deny"]
+
+
+class Match(Strict):
+    tool: str = Field(default=None, max_length=MAX_GLOB_CHARS)
+    kind: Literal[ACP_KINDS] = Field(default=None)  # type: ignore[valid-type]
+    input: str = Field(default=None, max_length=MAX_GLOB_CHARS)
+
+
+class Rule(Strict):
+    match: Match
+    decision: Decision
+
+
+class Policy(Strict):
+    rules: list[Rule] = Field(default_factory=list, max_length=MAX_RULES)
+    default: Decision = "ask"
+
+    def plain(self) -> dict:
+        """The stored form: every rule with only the match keys given."""
+        return {
+            "rules": [
+                {"match": rule.match.wire(), "decision": rule.decision} for rule in self.rules
+            ],
+            "default": self.default,
+        }
+
+
+class ApprovalRequestParams(Strict):
+    run_id: ValidId = Field(alias="runId")
+    tool_call_id: ValidId = Field(alias="toolCallId")
+    tool_name: str = Field(alias="toolName", min_length=1, max_length=255)
+    input: Any
+    kind: Literal[ACP_KINDS] = Field(default=None)  # type: ignore[valid-type]
+    title: str = Field(default=None, max_length=1024)
+
+
+class DecisionBody(Strict):
+    decision: Literal["allow", "deny"]
+    message: str = Field(default=None, max_length=MAX_MESSAGE_CHARS)
+    updated_input: dict[str, Any] = Field(default=None, alias="updatedInput")
+    scope: Literal["once", "always"] = Field(default=None)
+    # With scope "always": where the allow rule goes (this run, or its tree's root).
+    scope_run: Literal["run", "root"] = Field(default=None, alias="scopeRun")
+
+    @field_validator("message")
+    @classmethod
+    def _message(cls, value: str) -> str:
+        if "\x00" in value:
+            raise ValueError("must not contain NUL")
+        return value

@@ -1,0 +1,99 @@
+"""The acp engine asks Canopy (SPEC §11): the real ``claude-code-acp`` adapter, offline,
+wants to run a Bash command that writes a file; its ``session/request_permission`` becomes an
+approval pending in REST, and the operator's decision reaches the agent as the right option."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from asgiref.sync import sync_to_async
+
+from delegation.models import Event
+from delegation.runner.acp import AcpEngine, AcpPreset
+from delegation.runner.host import RunnerHost
+from delegation.services import tokens
+from tests.support.agents import claude_cli, model_stub
+from tests.support.runners import FAST
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_declared_level", "close_worker_connections"),
+    pytest.mark.timeout(150),
+]
+
+
+def _script(target):
+    def script(request):
+        if request.tool_results:
+            said = request.tool_result_text(request.tool_results[-1])
+            return model_stub.Text(f"Tool said: {said.strip()[:200]}")
+        command = {"command": f"touch {target}", "description": "Create the marker"}
+        return model_stub.ToolCall("Bash", command, text="Creating it.")
+
+    return script
+
+
+async def _pending(http, claude_done) -> dict:
+    for _ in range(900):
+        page = (await http.get("/api/approvals", params={"status": "pending"})).json()
+        if page["items"]:
+            return page["items"][0]
+        assert not claude_done(), "the agent finished without asking"
+        await asyncio.sleep(0.1)
+    raise AssertionError("no pending approval")
+
+
+async def test_it_answers_an_acp_permission_request_with_the_operators_decision(
+    daphne_server, tmp_path, operator_token
+):
+    _runner, token = await sync_to_async(tokens.create_runner)("claude-acp")
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    target = workspace / "made-by-acp.txt"
+    auth = {"Authorization": f"Bearer {operator_token}"}
+    with model_stub.ModelStub(_script(target)) as stub:
+        env = claude_cli.offline_env(stub.url, tmp_path / "home", IS_SANDBOX="1")
+        preset = AcpPreset("claude", [claude_cli.acp_bin()], env=env, ask_canopy=True)
+        engine = AcpEngine([preset], str(workspace))
+        host = RunnerHost(
+            daphne_server.ws_url, token, engine, extension_id="claude", client_options=FAST
+        )
+        ext, gen, c = host.extension_id, host.generation, host.client
+        async with (
+            host,
+            httpx.AsyncClient(base_url=daphne_server.http_url, headers=auth, timeout=30) as http,
+        ):
+            await c.open_run("root-conv", "root-run")
+            request = {"requestId": "r1", "profile": "claude", "message": f"touch {target}"}
+            child = await c.child_start("root-run", ext, gen, request)
+            state = {"done": False}
+            pending = await _pending(http, lambda: state["done"])
+            assert pending["runId"] == child.run_id and pending["via"] == "runner"
+            assert pending["kind"] == "execute" and not target.exists()
+            url = f"/api/approvals/{pending['approvalId']}/decision"
+            assert (await http.post(url, json={"decision": "allow"})).status_code == 200
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 90
+            while True:
+                result = await c.child_read("root-run", ext, gen, child.child_id, after=10**9)
+                if result.done:
+                    break
+                assert loop.time() < deadline
+                await asyncio.sleep(0.1)
+            await c.finish("root-run", output="ok")
+    assert result.status == "succeeded", result.error
+    assert target.exists()
+    kinds = await sync_to_async(
+        lambda: list(
+            Event.objects.filter(run__run_id=child.run_id)
+            .order_by("sequence")
+            .values_list("kind", "text")
+        )
+    )()
+    permission = [text for kind, text in kinds if kind == "permission"]
+    assert permission and permission[0].startswith("allowed: Canopy: allow"), kinds
+    assert [k for k, _ in kinds].index("approval-requested") < [k for k, _ in kinds].index(
+        "approval-decided"
+    )
