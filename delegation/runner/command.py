@@ -31,8 +31,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import pwd
 import re
+import shutil
 import signal
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -65,13 +69,15 @@ PLACEHOLDERS = (
     "cwd",
     "workspace",
     "mcpConfig",
+    "usageFile",
 )
 _PLACEHOLDER = re.compile("\\{(" + "|".join(PLACEHOLDERS) + ")\\}")
 MAX_LINE = 1024 * 1024
 # Claude Code's ``--input-format stream-json``: the task is the first user record on stdin,
 # each steer another; stdin closes (and the agent exits) once every turn asked has ended.
 CONVERSATION = "claude-stream-json"
-STEER_FORMATS = ("text", "json", CONVERSATION)
+# "none": the agent reads no steers (a one-shot ``-p`` CLI): every steer is promptRequired.
+STEER_FORMATS = ("text", "json", CONVERSATION, "none")
 
 
 @dataclass
@@ -84,7 +90,14 @@ class CommandPreset(AgentPreset):
 
     @property
     def uses_mcp_config(self) -> bool:
-        return any("{mcpConfig}" in a for a in (*self.command, *self.env.values()))
+        return self._uses("{mcpConfig}")
+
+    @property
+    def uses_usage_file(self) -> bool:
+        return self._uses("{usageFile}")
+
+    def _uses(self, placeholder: str) -> bool:
+        return any(placeholder in a for a in (*self.command, *self.env.values()))
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any]) -> CommandPreset:
@@ -155,6 +168,7 @@ class CommandEngine(PresetEngine):
             "cwd": cwd,
             "workspace": self.workspace,
             "mcpConfig": mcp_config,
+            "usageFile": ctx.data.get("usage_file_inside", ""),
         }
 
     def argv(
@@ -183,12 +197,17 @@ class CommandEngine(PresetEngine):
             ctx.data["run_token"] = token.token
             LIVE_TOKENS.add(token.token)
         home = PrivateHome(preset) if preset.sandboxed else None
+        usage = UsageFile(preset, home) if preset.uses_usage_file else None
+        if usage is not None:
+            ctx.data["usage_file_inside"] = usage.inside
         try:
-            return redact_outcome(await self._run(ctx, preset, cwd, config, home))
+            return redact_outcome(await self._run(ctx, preset, cwd, config, home, usage))
         finally:
             if config is not None:
                 LIVE_TOKENS.discard(ctx.data["run_token"])
                 config.remove()
+            if usage is not None:
+                usage.remove()
             if home is not None:
                 home.remove()
 
@@ -199,6 +218,7 @@ class CommandEngine(PresetEngine):
         cwd: str,
         config: McpConfigFile | None,
         home: PrivateHome | None,
+        usage: UsageFile | None = None,
     ) -> Outcome:
         # One agent process from spawn to outcome: output, steering and cancellation share
         # the process and its reader, so they are driven here together.
@@ -253,6 +273,9 @@ class CommandEngine(PresetEngine):
                 # bwrap exits with its agent's status while its own init may still be taking
                 # the sandbox down: nothing of the sandbox outlives the run.
                 proc.kill_group(process.pid, signal.SIGKILL)
+            if usage is not None:
+                for ev in state["format"].usage_file(usage.read()):
+                    queue.put_nowait(ev)
             queue.put_nowait(None)
             await sender
         finally:
@@ -319,6 +342,8 @@ class CommandEngine(PresetEngine):
         if process is None or process.returncode is not None or process.stdin is None:
             return "promptRequired"
         preset = self.presets_by_name.get(ctx.preset.name if ctx.preset else ctx.profile)
+        if preset is not None and preset.steer_format == "none":
+            return "promptRequired"
         conversation = ctx.data.get("conversation")
         if conversation is not None:
             if conversation["closed"]:
@@ -341,6 +366,43 @@ class CommandEngine(PresetEngine):
         except (BrokenPipeError, ConnectionResetError, RuntimeError):
             return "promptRequired"
         return "injected"
+
+
+class UsageFile:
+    """Where an agent writes its usage figures when it prints none (``{usageFile}``): a file
+    in its private HOME (the sandbox's only writable place besides the workspace), or in a
+    private directory of its own when unsandboxed; read once the agent exited."""
+
+    NAME = ".canopy-usage.json"
+    LIMIT = 1024 * 1024
+
+    def __init__(self, preset: CommandPreset, home: PrivateHome | None):
+        self.directory = None
+        if home is not None:
+            inside_home = preset.env.get("HOME") or proc.home_of(preset) or "/home/agent"
+            self.inside = os.path.join(inside_home, self.NAME)
+            self.host = os.path.join(home.path, self.NAME)
+        else:
+            self.directory = tempfile.mkdtemp(prefix="canopy-usage-")
+            if preset.user:
+                account = pwd.getpwnam(preset.user)
+                os.chown(self.directory, account.pw_uid, account.pw_gid)
+            self.inside = self.host = os.path.join(self.directory, self.NAME)
+
+    def read(self) -> str:
+        # The agent wrote it: bounded, and never followed through a link it planted.
+        try:
+            fd = os.open(self.host, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return ""
+        with os.fdopen(fd, "rb") as fh:
+            return fh.read(self.LIMIT).decode("utf-8", errors="replace")
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.host)
+        if self.directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def _user_record(text: str) -> bytes:

@@ -34,7 +34,7 @@ def test_it_loads_every_readme_preset_with_the_runners_own_loader(tmp_path):
     path.write_text(json.dumps(config))
     engine = CommandEngine.from_config(load_config(path))
     presets = engine.presets_by_name
-    assert sorted(presets) == ["claude", "codex", "gemini"]
+    assert sorted(presets) == ["claude", "codex", "copilot", "gemini"]
     assert engine.workspace == str(tmp_path)
     claude, codex, gemini = presets["claude"], presets["codex"], presets["gemini"]
     assert (claude.format, claude.steer_format) == ("claude-stream-json", "claude-stream-json")
@@ -46,6 +46,9 @@ def test_it_loads_every_readme_preset_with_the_runners_own_loader(tmp_path):
     assert gemini.format == "gemini-stream-json"
     assert gemini.env["GEMINI_CLI_SYSTEM_SETTINGS_PATH"] == "{mcpConfig}"
     assert gemini.mcp_config_shape == "gemini" and claude.mcp_config_shape == "claude"
+    copilot = presets["copilot"]
+    assert (copilot.format, copilot.steer_format) == ("copilot-json", "none")
+    assert "@{mcpConfig}" in copilot.command and copilot.uses_usage_file
     # No preset puts anything but the placeholder where the token would go.
     assert "Bearer" not in path.read_text()
 
