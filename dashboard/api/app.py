@@ -1,6 +1,7 @@
 """The REST API object: built here, with every resource's router added; ``urls`` mounts it."""
 
-from dashboard.api import alerts, audit, leases, run_actions, runners, runs, sessions  # noqa: F401
+from dashboard.api import alerts, audit, leases, run_actions, runners, runs, sessions  # noqa: F401, I001
+from dashboard.api import prices  # noqa: F401, I001  (issue 23: the price table)
 from dashboard.api.core import AUTH, ERRORS_DOC, CanopyAPI, StrictParser, install_error_handlers
 
 DESCRIPTION = (
@@ -50,5 +51,6 @@ for router in (
     runners.router,
     audit.router,
     alerts.router,
+    prices.router,
 ):
     api.add_router("", router)

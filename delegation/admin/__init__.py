@@ -10,7 +10,7 @@ operators also act, admins also manage runners and API tokens.
 from django.contrib import admin
 
 # Importing the modules registers their model admins.
-from delegation.admin import access, alerts, base, leases, runners, runs  # noqa: F401
+from delegation.admin import access, alerts, base, leases, prices, runners, runs  # noqa: F401
 from delegation.admin.runs import SteerForm
 
 admin.site.site_header = "Canopy admin"

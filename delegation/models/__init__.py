@@ -33,7 +33,7 @@ from delegation.models.runs import (
     RunVia,
     Session,
 )
-from delegation.models.usage import Budget, RunRollup
+from delegation.models.usage import Budget, ModelPrice, RunRollup
 
 __all__ = [
     "ACTIVITY_CHARS",
@@ -49,6 +49,7 @@ __all__ = [
     "ExtensionPreset",
     "Lease",
     "LeaseState",
+    "ModelPrice",
     "Run",
     "RunQuerySet",
     "RunRollup",
