@@ -46,6 +46,7 @@ from delegation.runner import process as proc
 from delegation.runner.formats import FORMATS, make_format
 from delegation.runner.host import Outcome, RunContext
 from delegation.runner.mcpconfig import (
+    CODEX_TOKEN_ENV,
     LIVE_TOKENS,
     SHAPES,
     McpConfigFile,
@@ -90,7 +91,8 @@ class CommandPreset(AgentPreset):
 
     @property
     def uses_mcp_config(self) -> bool:
-        return self._uses("{mcpConfig}")
+        # Codex finds its configuration through CODEX_HOME, not through a placeholder.
+        return self._uses("{mcpConfig}") or self.mcp_config_shape == "codex"
 
     @property
     def uses_usage_file(self) -> bool:
@@ -152,6 +154,10 @@ class CommandEngine(PresetEngine):
             "CANOPY_WORKSPACE": self.workspace,
             "CANOPY_CWD": cwd,
         }
+        if "codex_home" in ctx.data:
+            # Codex reads its MCP token from the variable its config.toml names (never argv).
+            identity["CODEX_HOME"] = ctx.data["codex_home"]
+            identity[CODEX_TOKEN_ENV] = ctx.data["run_token"]
         return proc.environment(preset, env, identity, ctx.depth)
 
     def placeholders(
@@ -181,7 +187,7 @@ class CommandEngine(PresetEngine):
     async def run(self, ctx: RunContext) -> Outcome:
         preset = self.preset_of(ctx)
         cwd = confine(self.workspace, ctx.cwd or preset.cwd)
-        config = None
+        config = found = None
         if preset.uses_mcp_config:
             try:
                 found = await self.mcp(ctx)
@@ -190,13 +196,32 @@ class CommandEngine(PresetEngine):
             if not found:
                 return Outcome(error="{mcpConfig}: no run token from the server")
             token = as_token(found)
-            config = McpConfigFile(
-                token, ctx.depth, user=preset.user, shape=preset.mcp_config_shape
-            )
+        home = PrivateHome(preset) if preset.sandboxed else None
+        if found:
+            codex_home = None
+            if preset.mcp_config_shape == "codex" and home is not None:
+                # CODEX_HOME must be writable (Codex keeps its sessions there): a directory
+                # of the child's private HOME, removed with it.
+                codex_home = os.path.join(home.path, ".codex")
+                os.makedirs(codex_home, mode=0o700, exist_ok=True)
+                inside = os.path.join(_home_inside(preset), ".codex")
+            try:
+                config = McpConfigFile(
+                    token,
+                    ctx.depth,
+                    user=preset.user,
+                    shape=preset.mcp_config_shape,
+                    directory=codex_home,
+                )
+            except BaseException:
+                if home is not None:
+                    home.remove()
+                raise
+            if preset.mcp_config_shape == "codex":
+                ctx.data["codex_home"] = inside if codex_home else config.directory
             ctx.data["mcp_config"] = config.path
             ctx.data["run_token"] = token.token
             LIVE_TOKENS.add(token.token)
-        home = PrivateHome(preset) if preset.sandboxed else None
         usage = UsageFile(preset, home) if preset.uses_usage_file else None
         if usage is not None:
             ctx.data["usage_file_inside"] = usage.inside
@@ -240,6 +265,9 @@ class CommandEngine(PresetEngine):
             "format": make_format(preset.format),
             "secret": ctx.data.get("run_token"),
         }
+        if preset.steer_format == "none":
+            # It reads no steers; an open stdin would make some CLIs (codex exec) wait on it.
+            process.stdin.close()
         if preset.steer_format == CONVERSATION:
             state.update(stdin=process.stdin, prompts=1, closed=False, turns=0)
             ctx.data["conversation"] = state
@@ -379,8 +407,7 @@ class UsageFile:
     def __init__(self, preset: CommandPreset, home: PrivateHome | None):
         self.directory = None
         if home is not None:
-            inside_home = preset.env.get("HOME") or proc.home_of(preset) or "/home/agent"
-            self.inside = os.path.join(inside_home, self.NAME)
+            self.inside = os.path.join(_home_inside(preset), self.NAME)
             self.host = os.path.join(home.path, self.NAME)
         else:
             self.directory = tempfile.mkdtemp(prefix="canopy-usage-")
@@ -403,6 +430,11 @@ class UsageFile:
             os.unlink(self.host)
         if self.directory:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _home_inside(preset: CommandPreset) -> str:
+    """The HOME a sandboxed agent sees (its private HOME is mounted there)."""
+    return preset.env.get("HOME") or proc.home_of(preset) or "/home/agent"
 
 
 def _user_record(text: str) -> bytes:

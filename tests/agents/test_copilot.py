@@ -86,6 +86,8 @@ def check_tree(root_id):
         assert use.tool_name == DELEGATE and result.tool_call_id == use.tool_call_id
         usage = [e for e in events if e.kind == "usage"]
         assert usage and usage[0].input["model"] == COPILOT_MODEL, kinds
+        # Copilot reports tokens but no dollars: priced from the shipped table.
+        assert usage[0].input["costSource"] == "table" and usage[0].input["costUsd"] > 0
         assert "result" in kinds and run.output.startswith(f"L{depth}")
         assert kinds.count("text") <= 3, kinds  # no delta stored one event each
     child = by_depth[1][0]
@@ -95,7 +97,7 @@ def check_tree(root_id):
     assert "-32010" in child.output or "depth" in child.output.lower()
 
 
-@pytest.mark.usefixtures("no_declared_level", "close_worker_connections")
+@pytest.mark.usefixtures("no_declared_level", "close_worker_connections", "shipped_prices")
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(180)
 async def test_it_runs_a_tree_of_real_copilot_processes_that_delegate_through_mcp(

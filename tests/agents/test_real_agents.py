@@ -43,6 +43,7 @@ def test_it_loads_every_readme_preset_with_the_runners_own_loader(tmp_path):
     assert command[command.index("--mcp-config") + 1] == "{mcpConfig}"
     assert "--strict-mcp-config" in command and "--input-format" in command
     assert codex.format == "codex-json" and codex.command[:3] == ["codex", "exec", "--json"]
+    assert codex.mcp_config_shape == "codex" and codex.uses_mcp_config
     assert gemini.format == "gemini-stream-json"
     assert gemini.env["GEMINI_CLI_SYSTEM_SETTINGS_PATH"] == "{mcpConfig}"
     assert gemini.mcp_config_shape == "gemini" and claude.mcp_config_shape == "claude"
@@ -69,7 +70,7 @@ def test_it_writes_each_agents_shape_of_the_mcp_server_entry():
         "mcpServers": {"canopy": {"httpUrl": token.url, "headers": headers}}
     }
     assert not any(Path(f.directory).exists() for f in files.values())
-    with pytest.raises(ValueError, match="'mcpConfigShape' must be one of claude, gemini"):
+    with pytest.raises(ValueError, match="'mcpConfigShape' must be one of claude, gemini, codex"):
         CommandPreset.from_config({"name": "x", "command": ["true"], "mcpConfigShape": "toml"})
 
 

@@ -75,3 +75,23 @@ def run_cli(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 12
     )
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     return CliRun(proc.returncode, lines, proc.stderr, time.monotonic() - started)
+
+
+CODEX_MODEL = "gpt-5.1-codex"
+
+
+def codex_provider_args(model_url: str) -> list[str]:
+    """``-c`` overrides that point Codex at the scripted Responses endpoint (nothing secret:
+    the key is read from ``STUB_API_KEY``): SSE only, no WebSocket first."""
+    provider = (
+        '{name="stub", base_url="' + model_url + '/v1", env_key="STUB_API_KEY", '
+        'wire_api="responses", supports_websockets=false}'
+    )
+    return [
+        "-c",
+        f'model="{CODEX_MODEL}"',
+        "-c",
+        'model_provider="stub"',
+        "-c",
+        f"model_providers.stub={provider}",
+    ]
