@@ -47,6 +47,7 @@ from delegation.runner.formats import FORMATS, make_format
 from delegation.runner.host import Outcome, RunContext
 from delegation.runner.mcpconfig import (
     CODEX_TOKEN_ENV,
+    GEMINI_FILE,
     LIVE_TOKENS,
     SHAPES,
     McpConfigFile,
@@ -199,12 +200,14 @@ class CommandEngine(PresetEngine):
         home = PrivateHome(preset) if preset.sandboxed else None
         if found:
             codex_home = None
-            if preset.mcp_config_shape == "codex" and home is not None:
-                # CODEX_HOME must be writable (Codex keeps its sessions there): a directory
-                # of the child's private HOME, removed with it.
-                codex_home = os.path.join(home.path, ".codex")
+            own_dir = {"codex": ".codex", "gemini": ".gemini"}.get(preset.mcp_config_shape)
+            if own_dir and home is not None:
+                # Codex's CODEX_HOME must be writable (it keeps its sessions there), Gemini
+                # CLI skips settings under a world-writable /tmp: both go in a directory of
+                # the child's private HOME, removed with it.
+                codex_home = os.path.join(home.path, own_dir)
                 os.makedirs(codex_home, mode=0o700, exist_ok=True)
-                inside = os.path.join(_home_inside(preset), ".codex")
+                inside = os.path.join(_home_inside(preset), own_dir)
             try:
                 config = McpConfigFile(
                     token,
@@ -219,6 +222,8 @@ class CommandEngine(PresetEngine):
                 raise
             if preset.mcp_config_shape == "codex":
                 ctx.data["codex_home"] = inside if codex_home else config.directory
+            if codex_home and preset.mcp_config_shape == "gemini":
+                ctx.data["mcp_config_inside"] = os.path.join(inside, GEMINI_FILE)
             ctx.data["mcp_config"] = config.path
             ctx.data["run_token"] = token.token
             LIVE_TOKENS.add(token.token)
@@ -247,7 +252,7 @@ class CommandEngine(PresetEngine):
     ) -> Outcome:
         # One agent process from spawn to outcome: output, steering and cancellation share
         # the process and its reader, so they are driven here together.
-        mcp_path = config.path if config else ""
+        mcp_path = ctx.data.get("mcp_config_inside") or (config.path if config else "")
         process = await proc.spawn(
             preset,
             self.argv(ctx, preset, cwd, mcp_path),

@@ -83,6 +83,7 @@ def headers(token: McpToken, level: int) -> dict[str, str]:
 SHAPES = ("claude", "gemini", "codex")
 CODEX_TOKEN_ENV = "CANOPY_RUN_TOKEN"
 CODEX_FILE = "config.toml"
+GEMINI_FILE = "settings.json"
 
 
 def _toml_string(value: str) -> str:
@@ -104,6 +105,16 @@ def servers_config(token: McpToken, level: int, shape: str = "claude") -> dict:
     HTTP, as this child at ``level``."""
     if shape == "gemini":
         entry = {"httpUrl": token.url, "headers": headers(token, level)}
+        # Gemini CLI 0.61 ignores a settings file under a world-writable directory (/tmp)
+        # and, in a folder it does not trust, overrides --yolo: the file goes in the child's
+        # private HOME (~/.gemini/settings.json), and the sandbox is the trust boundary.
+        return {
+            "mcpServers": {SERVER_NAME: entry},
+            "security": {
+                "folderTrust": {"enabled": False},
+                "auth": {"selectedType": "gemini-api-key"},
+            },
+        }
     else:
         entry = {"type": "http", "url": token.url, "headers": headers(token, level)}
     return {"mcpServers": {SERVER_NAME: entry}}
@@ -129,7 +140,10 @@ class McpConfigFile:
         # the directory itself to its owner (a Codex child's CODEX_HOME inside its HOME).
         self.owned = directory is None
         self.directory = directory or tempfile.mkdtemp(prefix="canopy-mcp-")  # mode 0700
-        self.path = os.path.join(self.directory, CODEX_FILE if shape == "codex" else FILE_NAME)
+        name = {"codex": CODEX_FILE, "gemini": GEMINI_FILE}.get(shape, FILE_NAME)
+        self.path = os.path.join(self.directory, name if directory else FILE_NAME)
+        if shape == "codex":
+            self.path = os.path.join(self.directory, CODEX_FILE)
         try:
             if shape == "codex":
                 body = codex_config(token, level).encode("utf-8")

@@ -66,9 +66,8 @@ def test_it_writes_each_agents_shape_of_the_mcp_server_entry():
     assert written["claude"] == {
         "mcpServers": {"canopy": {"type": "http", "url": token.url, "headers": headers}}
     }
-    assert written["gemini"] == {
-        "mcpServers": {"canopy": {"httpUrl": token.url, "headers": headers}}
-    }
+    assert written["gemini"]["mcpServers"] == {"canopy": {"httpUrl": token.url, "headers": headers}}
+    assert written["gemini"]["security"]["folderTrust"] == {"enabled": False}
     assert not any(Path(f.directory).exists() for f in files.values())
     with pytest.raises(ValueError, match="'mcpConfigShape' must be one of claude, gemini, codex"):
         CommandPreset.from_config({"name": "x", "command": ["true"], "mcpConfigShape": "toml"})

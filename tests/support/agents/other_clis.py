@@ -95,3 +95,15 @@ def codex_provider_args(model_url: str) -> list[str]:
         "-c",
         f"model_providers.stub={provider}",
     ]
+
+
+GEMINI_MODEL = "gemini-2.5-flash"
+
+
+def gemini_env(model_url: str) -> dict[str, str]:
+    """Gemini CLI on the scripted Gemini endpoint, API-key auth, no relaunch."""
+    return {
+        "GOOGLE_GEMINI_BASE_URL": model_url,
+        "GEMINI_API_KEY": STUB_KEY,
+        "GEMINI_CLI_NO_RELAUNCH": "true",
+    }
