@@ -13,9 +13,8 @@ from delegation.runner.command import CommandEngine, CommandPreset
 from tests.support.agents.delegating import (
     AgentTree,
     DelegateScript,
-    events_of,
+    check_capped_pair,
     group_alive,
-    runs_by_depth,
 )
 from tests.support.agents.other_clis import STUB_KEY, agent_bin, codex_provider_args
 from tests.support.agents.wire_stubs import ResponsesStub
@@ -37,24 +36,11 @@ def codex_preset(model_url: str, **changes) -> dict:
 
 
 def check_tree(root_id):
-    by_depth = runs_by_depth(root_id)
-    assert sorted(by_depth) == [0, 1]
-    for depth, (run,) in by_depth.items():
-        events = events_of(run)
-        kinds = [e.kind for e in events]
-        assert run.status == "succeeded", (depth, run.error, kinds)
-        (use,) = [e for e in events if e.kind == "tool-use"]
-        (result,) = [e for e in events if e.kind == "tool-result"]
-        assert use.tool_name == "mcp__canopy__delegate" and result.tool_call_id == use.tool_call_id
-        usage = [e for e in events if e.kind == "usage"]
-        assert usage and usage[0].input["inputTokens"] > 0, kinds
+    tree = check_capped_pair(root_id, DELEGATE)
+    assert tree[1][0].output.startswith("L1 did it itself (refused:")
+    for _run, _events, usage in tree.values():
         # codex exec --json names no model: its usage is unpriced, never $0.
-        assert usage[0].input["costSource"] == "unpriced"
-        assert run.output.startswith(f"L{depth}")
-    child = by_depth[1][0]
-    assert child.via == "mcp" and child.parent.run_id == root_id
-    assert "delegation-refused" in [e.kind for e in events_of(child)]
-    assert child.output.startswith("L1 did it itself (refused:")
+        assert usage[0]["costSource"] == "unpriced" and "costUsd" not in usage[0]
 
 
 @pytest.mark.usefixtures("no_declared_level", "close_worker_connections", "shipped_prices")

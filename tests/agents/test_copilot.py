@@ -15,9 +15,8 @@ from delegation.runner.formats import make_format
 from tests.support.agents.delegating import (
     AgentTree,
     DelegateScript,
-    events_of,
+    check_capped_pair,
     group_alive,
-    runs_by_depth,
     wait_for,
 )
 from tests.support.agents.model_stub import ModelStub
@@ -75,26 +74,15 @@ def copilot_preset(model_url: str, **changes) -> dict:
 
 
 def check_tree(root_id):
-    by_depth = runs_by_depth(root_id)
-    assert sorted(by_depth) == [0, 1]
-    for depth, (run,) in by_depth.items():
-        events = events_of(run)
+    tree = check_capped_pair(root_id, DELEGATE)
+    for _run, events, usage in tree.values():
         kinds = [e.kind for e in events]
-        assert run.status == "succeeded", (depth, run.error, kinds)
-        (use,) = [e for e in events if e.kind == "tool-use"]
-        (result,) = [e for e in events if e.kind == "tool-result"]
-        assert use.tool_name == DELEGATE and result.tool_call_id == use.tool_call_id
-        usage = [e for e in events if e.kind == "usage"]
-        assert usage and usage[0].input["model"] == COPILOT_MODEL, kinds
+        assert usage[0]["model"] == COPILOT_MODEL, kinds
         # Copilot reports tokens but no dollars: priced from the shipped table.
-        assert usage[0].input["costSource"] == "table" and usage[0].input["costUsd"] > 0
-        assert "result" in kinds and run.output.startswith(f"L{depth}")
-        assert kinds.count("text") <= 3, kinds  # no delta stored one event each
-    child = by_depth[1][0]
-    assert child.via == "mcp" and child.parent.run_id == root_id
-    assert "delegation-refused" in [e.kind for e in events_of(child)]
-    assert child.output.startswith("L1 did it itself (refused:")
-    assert "-32010" in child.output or "depth" in child.output.lower()
+        assert usage[0]["costSource"] == "table" and usage[0]["costUsd"] > 0
+        assert "result" in kinds and kinds.count("text") <= 3, kinds  # no delta each
+    assert tree[1][0].output.startswith("L1 did it itself (refused:")
+    assert "-32010" in tree[1][0].output or "depth" in tree[1][0].output.lower()
 
 
 @pytest.mark.usefixtures("no_declared_level", "close_worker_connections", "shipped_prices")

@@ -15,9 +15,8 @@ from delegation.runner.formats import make_format
 from tests.support.agents.delegating import (
     AgentTree,
     DelegateScript,
-    events_of,
+    check_capped_pair,
     group_alive,
-    runs_by_depth,
 )
 from tests.support.agents.other_clis import GEMINI_MODEL, agent_bin, gemini_env
 from tests.support.agents.wire_stubs import GeminiStub
@@ -57,20 +56,8 @@ def gemini_preset(model_url: str) -> dict:
 
 
 def check_tree(root_id):
-    by_depth = runs_by_depth(root_id)
-    assert sorted(by_depth) == [0, 1]
-    for depth, (run,) in by_depth.items():
-        events = events_of(run)
-        kinds = [e.kind for e in events]
-        assert run.status == "succeeded", (depth, run.error, kinds)
-        (use,) = [e for e in events if e.kind == "tool-use"]
-        (result,) = [e for e in events if e.kind == "tool-result"]
-        assert use.tool_name == DELEGATE and result.tool_call_id == use.tool_call_id
-        (usage,) = [e for e in events if e.kind == "usage"]
-        assert usage.input["model"] == GEMINI_MODEL and usage.input["costSource"] == "table"
-        assert run.output.startswith(f"L{depth}")
-    child = by_depth[1][0]
-    assert child.via == "mcp" and "delegation-refused" in [e.kind for e in events_of(child)]
+    for _run, _events, usage in check_capped_pair(root_id, DELEGATE).values():
+        assert usage == [{**usage[0], "model": GEMINI_MODEL, "costSource": "table"}]
 
 
 @pytest.mark.usefixtures("no_declared_level", "close_worker_connections", "shipped_prices")

@@ -150,3 +150,28 @@ class AgentTree:
 
     def leaked_on_argv(self) -> set[bytes]:
         return {t for t in self.argv_tokens if t.decode() in self.tokens}
+
+
+def check_capped_pair(root_id, delegate: str) -> dict[int, tuple[Run, list[Event], list]]:
+    """A root that delegated once through ``delegate`` and a child refused at the cap
+    (``DELEGATION_MAX_DEPTH=1``): both succeeded, each tool use paired with its result by the
+    agent's own id, usage reported, the child ``via: mcp`` with its ``delegation-refused``.
+    Returns ``{depth: (run, events, usage inputs)}`` for the agent's own checks."""
+    by_depth = runs_by_depth(root_id)
+    assert sorted(by_depth) == [0, 1]
+    out = {}
+    for depth, (run,) in by_depth.items():
+        events = events_of(run)
+        kinds = [e.kind for e in events]
+        assert run.status == "succeeded", (depth, run.error, kinds)
+        (use,) = [e for e in events if e.kind == "tool-use"]
+        (result,) = [e for e in events if e.kind == "tool-result"]
+        assert use.tool_name == delegate and result.tool_call_id == use.tool_call_id
+        usage = [e.input for e in events if e.kind == "usage"]
+        assert usage and usage[0]["inputTokens"] > 0, kinds
+        assert run.output.startswith(f"L{depth}"), run.output
+        out[depth] = (run, events, usage)
+    child = by_depth[1][0]
+    assert child.via == "mcp" and child.parent.run_id == root_id
+    assert "delegation-refused" in [e.kind for e in out[1][1]]
+    return out
