@@ -21,16 +21,30 @@ install: $(STAMP)
 # tests never depend on (or pick up) whatever the machine has installed globally.
 AGENTS_DIR := .agents
 CLAUDE_CODE_VERSION := 2.1.332
-CLAUDE_CODE_ACP_VERSION := 0.16.2
-AGENTS_STAMP := $(AGENTS_DIR)/.installed-$(CLAUDE_CODE_VERSION)-$(CLAUDE_CODE_ACP_VERSION)
+# The ACP adapter: claude-agent-acp, the successor of claude-code-acp (frozen at 0.16.2); it
+# runs offline on the scripted endpoint like its predecessor.
+CLAUDE_AGENT_ACP_VERSION := 0.23.1
+# Issue 23: the other coding agents Canopy runs as real children (each pinned; native ones ship
+# their binary as an optional npm dependency for this platform).
+CODEX_VERSION := 0.171.0
+GEMINI_CLI_VERSION := 0.61.0
+COPILOT_CLI_VERSION := 1.0.102
+AGENT_PINS := $(CLAUDE_CODE_VERSION)-$(CLAUDE_AGENT_ACP_VERSION)-$(CODEX_VERSION)-$(GEMINI_CLI_VERSION)-$(COPILOT_CLI_VERSION)
+AGENTS_STAMP := $(AGENTS_DIR)/.installed-$(AGENT_PINS)
 
 $(AGENTS_STAMP):
 	@mkdir -p $(AGENTS_DIR)
 	@test -f $(AGENTS_DIR)/package.json || echo '{"name": "canopy-agents", "private": true}' > $(AGENTS_DIR)/package.json
 	cd $(AGENTS_DIR) && npm install --no-audit --no-fund --save-exact \
 		@anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION) \
-		@zed-industries/claude-code-acp@$(CLAUDE_CODE_ACP_VERSION)
+		@zed-industries/claude-agent-acp@$(CLAUDE_AGENT_ACP_VERSION) \
+		@openai/codex@$(CODEX_VERSION) \
+		@google/gemini-cli@$(GEMINI_CLI_VERSION) \
+		@github/copilot@$(COPILOT_CLI_VERSION)
 	$(AGENTS_DIR)/node_modules/.bin/claude --version
+	$(AGENTS_DIR)/node_modules/.bin/codex --version
+	$(AGENTS_DIR)/node_modules/.bin/gemini --version
+	$(AGENTS_DIR)/node_modules/.bin/copilot --version
 	@rm -f $(AGENTS_DIR)/.installed-*
 	@touch $(AGENTS_STAMP)
 

@@ -371,6 +371,7 @@ def _usage_context(run: Run) -> dict:
                     "used": limit["used"],
                     "percent": min(100, round(fraction * 100)),
                     "level": "over" if fraction >= 1 else "warn" if fraction >= 0.8 else "ok",
+                    "note": budget["costUnbounded"] if name == "maxCostUsd" else "",
                 }
             )
     limits = budget["limits"] if budget else {}

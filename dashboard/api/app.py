@@ -9,6 +9,7 @@ from dashboard.api import (  # noqa: F401
     compare,  # issue 25: two runs side by side
     leases,
     overview,  # issue 25: the overview's headline numbers
+    prices,  # issue 23: the price table
     run_actions,
     runners,
     runs,
@@ -67,5 +68,6 @@ for router in (
     overview.router,
     compare.router,
     approvals.router,
+    prices.router,
 ):
     api.add_router("", router)

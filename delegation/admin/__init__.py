@@ -16,6 +16,7 @@ from delegation.admin import (  # noqa: F401
     approvals,
     base,
     leases,
+    prices,
     runners,
     runs,
     upkeep,

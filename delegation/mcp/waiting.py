@@ -67,12 +67,18 @@ async def wait_until(ctx: Context, run_pk, seconds: float, label: str, read, sat
     try:
         result = await read()
         last_read = loop.time()
+        last_progress = None
         while not satisfied(result):
             now = loop.time()
             if now >= deadline:
                 break
-            await ctx.report_progress(round(now - started, 1), seconds, f"waiting for {label}")
-            tick = min(PROGRESS_SECONDS, deadline - now)
+            # At most one progress notification per PROGRESS_SECONDS: a chatty child rings
+            # the doorbell on every event, and each would otherwise be a stored progress
+            # record of the waiting agent (a Copilot parent stored 21 in 6 s).
+            if last_progress is None or now - last_progress >= PROGRESS_SECONDS:
+                await ctx.report_progress(round(now - started, 1), seconds, f"waiting for {label}")
+                last_progress = now
+            tick = min(PROGRESS_SECONDS - (now - last_progress), deadline - now)
             if channel is None:
                 await asyncio.sleep(tick)
                 rang = False

@@ -36,7 +36,7 @@ from delegation.models.runs import (
 )
 from delegation.models.tracing import TraceExport
 from delegation.models.upkeep import PurgedRun, RetentionPass, SsoIdentity
-from delegation.models.usage import Budget, RunRollup
+from delegation.models.usage import Budget, ModelPrice, RunRollup
 
 __all__ = [
     "ACTIVITY_CHARS",
@@ -57,6 +57,7 @@ __all__ = [
     "PurgedRun",
     "RetentionPass",
     "LeaseState",
+    "ModelPrice",
     "Run",
     "RunQuerySet",
     "RunRollup",

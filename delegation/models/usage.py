@@ -24,6 +24,10 @@ class RunRollup(models.Model):
     own_cache_write = models.BigIntegerField(default=0)
     own_cost_nanos = models.BigIntegerField(default=0)
     own_usage_events = models.BigIntegerField(default=0)
+    # Usage events with tokens but neither the agent's cost nor a price for their model: the
+    # cost figures leave them out, and every view says the cost is incomplete (never $0).
+    own_unpriced_usage = models.BigIntegerField(default=0)
+    sub_unpriced_usage = models.BigIntegerField(default=0)
     # No secondary index on these: every usage frame updates them, and the lists sorted by
     # them are filtered first.
     sub_tokens_in = models.BigIntegerField(default=0)
@@ -79,3 +83,24 @@ class Budget(models.Model):
 
     def __str__(self):
         return f"budget of run {self.run_id}"
+
+
+class ModelPrice(models.Model):
+    """A model's list price (USD per million tokens), used when an agent reports tokens and
+    a model but no cost (SPEC §10). Edited by admins (admin, REST; audited). A usage event is
+    priced once, when it is stored: editing a price changes new events only."""
+
+    model = models.CharField(max_length=200, unique=True)
+    input_per_mtok = models.DecimalField(max_digits=12, decimal_places=6)
+    output_per_mtok = models.DecimalField(max_digits=12, decimal_places=6)
+    cache_read_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+    cache_write_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+    note = models.CharField(max_length=200, blank=True)
+    updated_by = models.CharField(max_length=160, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["model"]
+
+    def __str__(self):
+        return f"price of {self.model}"

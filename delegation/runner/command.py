@@ -31,8 +31,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import pwd
 import re
+import shutil
 import signal
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +46,8 @@ from delegation.runner import process as proc
 from delegation.runner.formats import FORMATS, make_format
 from delegation.runner.host import Outcome, RunContext
 from delegation.runner.mcpconfig import (
+    CODEX_TOKEN_ENV,
+    GEMINI_FILE,
     LIVE_TOKENS,
     SHAPES,
     McpConfigFile,
@@ -65,13 +71,15 @@ PLACEHOLDERS = (
     "cwd",
     "workspace",
     "mcpConfig",
+    "usageFile",
 )
 _PLACEHOLDER = re.compile("\\{(" + "|".join(PLACEHOLDERS) + ")\\}")
 MAX_LINE = 1024 * 1024
 # Claude Code's ``--input-format stream-json``: the task is the first user record on stdin,
 # each steer another; stdin closes (and the agent exits) once every turn asked has ended.
 CONVERSATION = "claude-stream-json"
-STEER_FORMATS = ("text", "json", CONVERSATION)
+# "none": the agent reads no steers (a one-shot ``-p`` CLI): every steer is promptRequired.
+STEER_FORMATS = ("text", "json", CONVERSATION, "none")
 
 
 @dataclass
@@ -84,7 +92,15 @@ class CommandPreset(AgentPreset):
 
     @property
     def uses_mcp_config(self) -> bool:
-        return any("{mcpConfig}" in a for a in (*self.command, *self.env.values()))
+        # Codex finds its configuration through CODEX_HOME, not through a placeholder.
+        return self._uses("{mcpConfig}") or self.mcp_config_shape == "codex"
+
+    @property
+    def uses_usage_file(self) -> bool:
+        return self._uses("{usageFile}")
+
+    def _uses(self, placeholder: str) -> bool:
+        return any(placeholder in a for a in (*self.command, *self.env.values()))
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any]) -> CommandPreset:
@@ -139,6 +155,10 @@ class CommandEngine(PresetEngine):
             "CANOPY_WORKSPACE": self.workspace,
             "CANOPY_CWD": cwd,
         }
+        if "codex_home" in ctx.data:
+            # Codex reads its MCP token from the variable its config.toml names (never argv).
+            identity["CODEX_HOME"] = ctx.data["codex_home"]
+            identity[CODEX_TOKEN_ENV] = ctx.data["run_token"]
         return proc.environment(preset, env, identity, ctx.depth)
 
     def placeholders(
@@ -155,6 +175,7 @@ class CommandEngine(PresetEngine):
             "cwd": cwd,
             "workspace": self.workspace,
             "mcpConfig": mcp_config,
+            "usageFile": ctx.data.get("usage_file_inside", ""),
         }
 
     def argv(
@@ -167,7 +188,7 @@ class CommandEngine(PresetEngine):
     async def run(self, ctx: RunContext) -> Outcome:
         preset = self.preset_of(ctx)
         cwd = confine(self.workspace, ctx.cwd or preset.cwd)
-        config = None
+        config = found = None
         if preset.uses_mcp_config:
             try:
                 found = await self.mcp(ctx)
@@ -176,19 +197,47 @@ class CommandEngine(PresetEngine):
             if not found:
                 return Outcome(error="{mcpConfig}: no run token from the server")
             token = as_token(found)
-            config = McpConfigFile(
-                token, ctx.depth, user=preset.user, shape=preset.mcp_config_shape
-            )
+        home = PrivateHome(preset) if preset.sandboxed else None
+        if found:
+            codex_home = None
+            own_dir = {"codex": ".codex", "gemini": ".gemini"}.get(preset.mcp_config_shape)
+            if own_dir and home is not None:
+                # Codex's CODEX_HOME must be writable (it keeps its sessions there), Gemini
+                # CLI skips settings under a world-writable /tmp: both go in a directory of
+                # the child's private HOME, removed with it.
+                codex_home = os.path.join(home.path, own_dir)
+                os.makedirs(codex_home, mode=0o700, exist_ok=True)
+                inside = os.path.join(_home_inside(preset), own_dir)
+            try:
+                config = McpConfigFile(
+                    token,
+                    ctx.depth,
+                    user=preset.user,
+                    shape=preset.mcp_config_shape,
+                    directory=codex_home,
+                )
+            except BaseException:
+                if home is not None:
+                    home.remove()
+                raise
+            if preset.mcp_config_shape == "codex":
+                ctx.data["codex_home"] = inside if codex_home else config.directory
+            if codex_home and preset.mcp_config_shape == "gemini":
+                ctx.data["mcp_config_inside"] = os.path.join(inside, GEMINI_FILE)
             ctx.data["mcp_config"] = config.path
             ctx.data["run_token"] = token.token
             LIVE_TOKENS.add(token.token)
-        home = PrivateHome(preset) if preset.sandboxed else None
+        usage = UsageFile(preset, home) if preset.uses_usage_file else None
+        if usage is not None:
+            ctx.data["usage_file_inside"] = usage.inside
         try:
-            return redact_outcome(await self._run(ctx, preset, cwd, config, home))
+            return redact_outcome(await self._run(ctx, preset, cwd, config, home, usage))
         finally:
             if config is not None:
                 LIVE_TOKENS.discard(ctx.data["run_token"])
                 config.remove()
+            if usage is not None:
+                usage.remove()
             if home is not None:
                 home.remove()
 
@@ -199,10 +248,11 @@ class CommandEngine(PresetEngine):
         cwd: str,
         config: McpConfigFile | None,
         home: PrivateHome | None,
+        usage: UsageFile | None = None,
     ) -> Outcome:
         # One agent process from spawn to outcome: output, steering and cancellation share
         # the process and its reader, so they are driven here together.
-        mcp_path = config.path if config else ""
+        mcp_path = ctx.data.get("mcp_config_inside") or (config.path if config else "")
         process = await proc.spawn(
             preset,
             self.argv(ctx, preset, cwd, mcp_path),
@@ -220,6 +270,9 @@ class CommandEngine(PresetEngine):
             "format": make_format(preset.format),
             "secret": ctx.data.get("run_token"),
         }
+        if preset.steer_format == "none":
+            # It reads no steers; an open stdin would make some CLIs (codex exec) wait on it.
+            process.stdin.close()
         if preset.steer_format == CONVERSATION:
             state.update(stdin=process.stdin, prompts=1, closed=False, turns=0)
             ctx.data["conversation"] = state
@@ -253,6 +306,9 @@ class CommandEngine(PresetEngine):
                 # bwrap exits with its agent's status while its own init may still be taking
                 # the sandbox down: nothing of the sandbox outlives the run.
                 proc.kill_group(process.pid, signal.SIGKILL)
+            if usage is not None:
+                for ev in state["format"].usage_file(usage.read()):
+                    queue.put_nowait(ev)
             queue.put_nowait(None)
             await sender
         finally:
@@ -319,6 +375,8 @@ class CommandEngine(PresetEngine):
         if process is None or process.returncode is not None or process.stdin is None:
             return "promptRequired"
         preset = self.presets_by_name.get(ctx.preset.name if ctx.preset else ctx.profile)
+        if preset is not None and preset.steer_format == "none":
+            return "promptRequired"
         conversation = ctx.data.get("conversation")
         if conversation is not None:
             if conversation["closed"]:
@@ -341,6 +399,47 @@ class CommandEngine(PresetEngine):
         except (BrokenPipeError, ConnectionResetError, RuntimeError):
             return "promptRequired"
         return "injected"
+
+
+class UsageFile:
+    """Where an agent writes its usage figures when it prints none (``{usageFile}``): a file
+    in its private HOME (the sandbox's only writable place besides the workspace), or in a
+    private directory of its own when unsandboxed; read once the agent exited."""
+
+    NAME = ".canopy-usage.json"
+    LIMIT = 1024 * 1024
+
+    def __init__(self, preset: CommandPreset, home: PrivateHome | None):
+        self.directory = None
+        if home is not None:
+            self.inside = os.path.join(_home_inside(preset), self.NAME)
+            self.host = os.path.join(home.path, self.NAME)
+        else:
+            self.directory = tempfile.mkdtemp(prefix="canopy-usage-")
+            if preset.user:
+                account = pwd.getpwnam(preset.user)
+                os.chown(self.directory, account.pw_uid, account.pw_gid)
+            self.inside = self.host = os.path.join(self.directory, self.NAME)
+
+    def read(self) -> str:
+        # The agent wrote it: bounded, and never followed through a link it planted.
+        try:
+            fd = os.open(self.host, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return ""
+        with os.fdopen(fd, "rb") as fh:
+            return fh.read(self.LIMIT).decode("utf-8", errors="replace")
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.host)
+        if self.directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _home_inside(preset: CommandPreset) -> str:
+    """The HOME a sandboxed agent sees (its private HOME is mounted there)."""
+    return preset.env.get("HOME") or proc.home_of(preset) or "/home/agent"
 
 
 def _user_record(text: str) -> bytes:

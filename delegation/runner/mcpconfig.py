@@ -76,9 +76,28 @@ def headers(token: McpToken, level: int) -> dict[str, str]:
     return {"Authorization": f"Bearer {token.token}", depthlib.HEADER: str(level)}
 
 
-# How each CLI names a streamable-HTTP server in its ``mcpServers``: Claude Code reads
-# ``type: http`` + ``url``; Gemini CLI reads ``httpUrl`` (its ``url`` means SSE).
-SHAPES = ("claude", "gemini")
+# How each CLI names a streamable-HTTP server in its ``mcpServers``: Claude Code (and Copilot
+# CLI) read ``type: http`` + ``url``; Gemini CLI reads ``httpUrl`` (its ``url`` means SSE);
+# Codex reads ``[mcp_servers.canopy]`` from ``$CODEX_HOME/config.toml``, where a plain
+# ``headers`` key is ignored: the token comes from the variable ``bearer_token_env_var`` names.
+SHAPES = ("claude", "gemini", "codex")
+CODEX_TOKEN_ENV = "CANOPY_RUN_TOKEN"
+CODEX_FILE = "config.toml"
+GEMINI_FILE = "settings.json"
+
+
+def _toml_string(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def codex_config(token: McpToken, level: int) -> str:
+    """The ``config.toml`` of a Codex child: Canopy's server, the token by environment."""
+    return (
+        f"[mcp_servers.{SERVER_NAME}]\n"
+        f"url = {_toml_string(token.url)}\n"
+        f"bearer_token_env_var = {_toml_string(CODEX_TOKEN_ENV)}\n"
+        f"http_headers = {{ {_toml_string(depthlib.HEADER)} = {_toml_string(str(level))} }}\n"
+    )
 
 
 def servers_config(token: McpToken, level: int, shape: str = "claude") -> dict:
@@ -86,6 +105,16 @@ def servers_config(token: McpToken, level: int, shape: str = "claude") -> dict:
     HTTP, as this child at ``level``."""
     if shape == "gemini":
         entry = {"httpUrl": token.url, "headers": headers(token, level)}
+        # Gemini CLI 0.61 ignores a settings file under a world-writable directory (/tmp)
+        # and, in a folder it does not trust, overrides --yolo: the file goes in the child's
+        # private HOME (~/.gemini/settings.json), and the sandbox is the trust boundary.
+        return {
+            "mcpServers": {SERVER_NAME: entry},
+            "security": {
+                "folderTrust": {"enabled": False},
+                "auth": {"selectedType": "gemini-api-key"},
+            },
+        }
     else:
         entry = {"type": "http", "url": token.url, "headers": headers(token, level)}
     return {"mcpServers": {SERVER_NAME: entry}}
@@ -99,12 +128,27 @@ class McpConfigFile:
     """
 
     def __init__(
-        self, token: McpToken, level: int, *, user: str | None = None, shape: str = "claude"
+        self,
+        token: McpToken,
+        level: int,
+        *,
+        user: str | None = None,
+        shape: str = "claude",
+        directory: str | None = None,
     ):
-        self.directory = tempfile.mkdtemp(prefix="canopy-mcp-")  # mode 0700
-        self.path = os.path.join(self.directory, FILE_NAME)
+        # ``directory``: write into that (private) directory instead of a new one, and leave
+        # the directory itself to its owner (a Codex child's CODEX_HOME inside its HOME).
+        self.owned = directory is None
+        self.directory = directory or tempfile.mkdtemp(prefix="canopy-mcp-")  # mode 0700
+        name = {"codex": CODEX_FILE, "gemini": GEMINI_FILE}.get(shape, FILE_NAME)
+        self.path = os.path.join(self.directory, name if directory else FILE_NAME)
+        if shape == "codex":
+            self.path = os.path.join(self.directory, CODEX_FILE)
         try:
-            body = json.dumps(servers_config(token, level, shape), indent=2).encode("utf-8")
+            if shape == "codex":
+                body = codex_config(token, level).encode("utf-8")
+            else:
+                body = json.dumps(servers_config(token, level, shape), indent=2).encode()
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(body)
@@ -118,4 +162,7 @@ class McpConfigFile:
 
     def remove(self) -> None:
         with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(self.directory)
+            if self.owned:
+                shutil.rmtree(self.directory)
+            else:
+                os.unlink(self.path)

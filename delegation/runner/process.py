@@ -40,11 +40,18 @@ def environment(
     ``identity`` (``CANOPY_*``), and the child's delegation depth."""
     out = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     if preset.user:
-        out["HOME"] = pwd.getpwnam(preset.user).pw_dir
+        out["HOME"] = home_of(preset)
     out.update(env)
     out.update(identity)
     # Set last and explicitly: an inherited value would be the runner's level.
     return depthlib.child_env(level, out)
+
+
+def home_of(preset: AgentPreset) -> str | None:
+    """The HOME :func:`environment` gives the agent, before the preset's own ``env``."""
+    if preset.user:
+        return pwd.getpwnam(preset.user).pw_dir
+    return os.environ.get("HOME")
 
 
 async def spawn(

@@ -21,6 +21,8 @@ _ROLLUP = (
     "own_cache_write",
     "own_cost_nanos",
     "own_usage_events",
+    "own_unpriced_usage",
+    "sub_unpriced_usage",
     "sub_tokens_in",
     "sub_tokens_out",
     "sub_cache_read",
@@ -86,6 +88,8 @@ def usage_shape(rollup: dict, created_at, finished_at, now=None) -> dict:
             "cacheWriteTokens": get("own_cache_write"),
             "costUsd": _usd(get("own_cost_nanos")),
             "usageEvents": get("own_usage_events"),
+            # Usage events with tokens but no cost and no price: costUsd leaves them out.
+            "unpricedEvents": get("own_unpriced_usage"),
         },
         "subtree": {
             "inputTokens": get("sub_tokens_in"),
@@ -93,6 +97,7 @@ def usage_shape(rollup: dict, created_at, finished_at, now=None) -> dict:
             "cacheReadTokens": get("sub_cache_read"),
             "cacheWriteTokens": get("sub_cache_write"),
             "costUsd": _usd(get("sub_cost_nanos")),
+            "unpricedEvents": get("sub_unpriced_usage"),
             "runs": runs,
             "live": runs["running"],
             "wallSeconds": round(wall, 3),
@@ -132,8 +137,16 @@ def budget_shape(budget: dict | None, usage: dict, created_at, now=None) -> dict
             "used": max(0, used[name]),
             "fraction": round(min(used[name] / cap, 9.99), 4) if cap else 1.0,
         }
+    # Some of the subtree's usage has no price: the cost used is a lower bound only.
+    unbounded = ""
+    if "maxCostUsd" in limits and sub.get("unpricedEvents"):
+        unbounded = (
+            f"cannot bound cost: {sub['unpricedEvents']} usage event(s) of this subtree "
+            "have no cost and no price for their model"
+        )
     return {
         "limits": limits,
+        "costUnbounded": unbounded,
         "setBy": budget.get("set_by") or "",
         "warnedAt": budget.get("warned_at"),
         "exceededAt": budget.get("exceeded_at"),
@@ -200,6 +213,7 @@ _TREE_COLUMNS = {
     "_t_in": "rollup__sub_tokens_in",
     "_t_out": "rollup__sub_tokens_out",
     "_t_cost": "rollup__sub_cost_nanos",
+    "_t_unpriced": "rollup__sub_unpriced_usage",
     "_t_live": "rollup__sub_running",
     "_t_budget": "budget__run_id",
     "_t_max_runs": "budget__max_runs",
@@ -238,6 +252,7 @@ def pop_tree_usage(row: dict) -> None:
             "inputTokens": pop("_t_in") or 0,
             "outputTokens": pop("_t_out") or 0,
             "costUsd": (pop("_t_cost") or 0) / NANOS_PER_USD,
+            "unpricedEvents": pop("_t_unpriced") or 0,
             "runs": pop("_t_runs") or 0,
             "live": pop("_t_live") or 0,
         },

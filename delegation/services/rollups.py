@@ -38,6 +38,7 @@ USAGE_COLUMNS = {
     "cache_read": ("own_cache_read", "sub_cache_read"),
     "cache_write": ("own_cache_write", "sub_cache_write"),
     "cost_nanos": ("own_cost_nanos", "sub_cost_nanos"),
+    "unpriced": ("own_unpriced_usage", "sub_unpriced_usage"),
 }
 
 

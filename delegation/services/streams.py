@@ -17,7 +17,7 @@ from delegation.errors import (
 from delegation.models import AuditEntry, Event, ExtensionPreset, Run, RunStatus, Session
 from delegation.protocol import SERVER_EVENT_KINDS
 from delegation.selectors import EVENT_FIELDS, RESULT_RELATED, live_event_row, snapshot
-from delegation.services import approvals, budgets, event_store, lifecycle, rollups
+from delegation.services import approvals, budgets, event_store, lifecycle, prices, rollups
 from delegation.services.base import activity_of, lock_run
 from delegation.services.conclusions import conclude_from_output
 from delegation.services.identity import Actor, Connection
@@ -149,7 +149,12 @@ _COMPARED = ("kind", *(attr for _alias, attr in EVENT_FIELDS))
 
 
 def _same_event(row: dict, stored: Event) -> bool:
-    return all(canonical(row[name]) == canonical(getattr(stored, name)) for name in _COMPARED)
+    def value(name):
+        found = getattr(stored, name)
+        # A stored usage event carries what pricing added; the replay repeats what was sent.
+        return prices.as_received(found) if name == "input" and stored.kind == "usage" else found
+
+    return all(canonical(row[name]) == canonical(value(name)) for name in _COMPARED)
 
 
 def append_events(conn: Connection, params: RunEventParams) -> dict:
@@ -172,15 +177,16 @@ def append_events(conn: Connection, params: RunEventParams) -> dict:
     return answer
 
 
-def _usage_totals(usages) -> dict[str, int]:
+def _usage_totals(priced) -> dict[str, int]:
     totals = {"tokens_in": 0, "tokens_out": 0, "cache_read": 0, "cache_write": 0, "cost_nanos": 0}
-    for usage in usages:
+    totals["unpriced"] = sum(1 for _usage, unpriced in priced if unpriced)
+    for usage, _unpriced in priced:
         totals["tokens_in"] += usage.input_tokens
         totals["tokens_out"] += usage.output_tokens
         totals["cache_read"] += usage.cache_read_tokens
         totals["cache_write"] += usage.cache_write_tokens
         totals["cost_nanos"] += rollups.cost_nanos(usage.cost_usd)
-    totals["events"] = len(usages)
+    totals["events"] = len(priced)
     return totals
 
 
@@ -228,6 +234,8 @@ def _append(conn: Connection, params: RunEventParams, rows, usages) -> tuple[dic
                         f"events[{offset}]: conflicts with the stored event number "
                         f"{first + offset} of this run (a replay must repeat it exactly)",
                     )
+        # Priced here, inside the transaction, from the table as it is now (SPEC §10).
+        priced = prices.price_rows(rows, {i: u for i, u in usages.items() if i >= replayed})
         fresh = rows[replayed:]
         if fresh:
             now = timezone.now()
@@ -258,7 +266,7 @@ def _append(conn: Connection, params: RunEventParams, rows, usages) -> tuple[dic
             if "output" in fields:
                 # SPEC §9: a canopy-conclusion block ending the output is the run's conclusion.
                 conclude_from_output(run, run.output, actor=f"runner:{run.runner.name}")
-            fresh_usage = [usage for index, usage in usages.items() if index >= replayed]
+            fresh_usage = list(priced.values())
             if fresh_usage and rollups.enabled():
                 budgeted = rollups.usage_added(run, _usage_totals(fresh_usage))
                 if budgeted:

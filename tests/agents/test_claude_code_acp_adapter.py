@@ -1,4 +1,5 @@
-"""``claude-code-acp`` (Zed's ACP adapter for Claude Code) offline, over stdio.
+"""``claude-agent-acp`` (Zed's ACP adapter for Claude Code, successor of ``claude-code-acp``)
+offline, over stdio.
 
 Groundwork for the ACP issue: the adapter starts without network, speaks ``initialize``,
 opens a session with an MCP server over HTTP, and runs a prompt whose tool call goes through
@@ -40,7 +41,9 @@ def test_it_drives_claude_code_through_acp_with_an_mcp_tool_offline(tmp_path):
             {"sessionId": session["sessionId"], "prompt": [{"type": "text", "text": "echo"}]},
         )
 
-    assert answer == {"stopReason": "end_turn"}
+    assert answer["stopReason"] == "end_turn"
+    # claude-agent-acp (the successor of claude-code-acp) also reports the turn's usage.
+    assert answer["usage"]["inputTokens"] > 0
     assert toy.calls == [("echo", {"text": "via acp"})]
     # ACP asks the client before running a tool that was not pre-approved.
     assert [p["toolCall"]["toolCallId"] for p in agent.permission_requests] == [
@@ -60,7 +63,7 @@ def test_it_drives_claude_code_through_acp_with_an_mcp_tool_offline(tmp_path):
     assert text == "acp done"
     assert stub.unknown == []
     # CLAUDE_CODE_EXECUTABLE makes the adapter run the pinned CLI, not the older one its
-    # agent SDK bundles (2.1.44 with claude-code-acp 0.16.2).
+    # agent SDK bundles.
     version = subprocess.run(
         [claude_bin(), "--version"], capture_output=True, text=True, check=True
     ).stdout.split()[0]

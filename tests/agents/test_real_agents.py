@@ -34,7 +34,7 @@ def test_it_loads_every_readme_preset_with_the_runners_own_loader(tmp_path):
     path.write_text(json.dumps(config))
     engine = CommandEngine.from_config(load_config(path))
     presets = engine.presets_by_name
-    assert sorted(presets) == ["claude", "codex", "gemini"]
+    assert sorted(presets) == ["claude", "codex", "copilot", "gemini"]
     assert engine.workspace == str(tmp_path)
     claude, codex, gemini = presets["claude"], presets["codex"], presets["gemini"]
     assert (claude.format, claude.steer_format) == ("claude-stream-json", "claude-stream-json")
@@ -43,9 +43,13 @@ def test_it_loads_every_readme_preset_with_the_runners_own_loader(tmp_path):
     assert command[command.index("--mcp-config") + 1] == "{mcpConfig}"
     assert "--strict-mcp-config" in command and "--input-format" in command
     assert codex.format == "codex-json" and codex.command[:3] == ["codex", "exec", "--json"]
+    assert codex.mcp_config_shape == "codex" and codex.uses_mcp_config
     assert gemini.format == "gemini-stream-json"
     assert gemini.env["GEMINI_CLI_SYSTEM_SETTINGS_PATH"] == "{mcpConfig}"
     assert gemini.mcp_config_shape == "gemini" and claude.mcp_config_shape == "claude"
+    copilot = presets["copilot"]
+    assert (copilot.format, copilot.steer_format) == ("copilot-json", "none")
+    assert "@{mcpConfig}" in copilot.command and copilot.uses_usage_file
     # No preset puts anything but the placeholder where the token would go.
     assert "Bearer" not in path.read_text()
 
@@ -62,11 +66,10 @@ def test_it_writes_each_agents_shape_of_the_mcp_server_entry():
     assert written["claude"] == {
         "mcpServers": {"canopy": {"type": "http", "url": token.url, "headers": headers}}
     }
-    assert written["gemini"] == {
-        "mcpServers": {"canopy": {"httpUrl": token.url, "headers": headers}}
-    }
+    assert written["gemini"]["mcpServers"] == {"canopy": {"httpUrl": token.url, "headers": headers}}
+    assert written["gemini"]["security"]["folderTrust"] == {"enabled": False}
     assert not any(Path(f.directory).exists() for f in files.values())
-    with pytest.raises(ValueError, match="'mcpConfigShape' must be one of claude, gemini"):
+    with pytest.raises(ValueError, match="'mcpConfigShape' must be one of claude, gemini, codex"):
         CommandPreset.from_config({"name": "x", "command": ["true"], "mcpConfigShape": "toml"})
 
 

@@ -113,3 +113,13 @@ def private_redis():
     redis = RedisServer()
     yield redis.start()
     redis.close()
+
+
+@pytest.fixture
+def shipped_prices(db):
+    """The price table as a migrated database has it: a transactional test's flush empties
+    the table the migration filled, so tests that price usage load the shipped list again."""
+    from delegation.models import ModelPrice
+    from delegation.services.price_list import ship
+
+    ship(ModelPrice)

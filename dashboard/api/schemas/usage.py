@@ -21,6 +21,10 @@ class OwnUsage(Schema):
     cacheWriteTokens: int
     costUsd: float
     usageEvents: int
+    unpricedEvents: int = Field(
+        description="Usage events with tokens but no cost and no price for their model "
+        "(costUsd leaves them out: the cost is incomplete, not $0)"
+    )
 
 
 class SubtreeUsage(Schema):
@@ -31,6 +35,10 @@ class SubtreeUsage(Schema):
     cacheReadTokens: int
     cacheWriteTokens: int
     costUsd: float
+    unpricedEvents: int = Field(
+        description="Usage events with tokens but no cost and no price for their model "
+        "(costUsd leaves them out: the cost is incomplete, not $0)"
+    )
     runs: RunCountsOut = Field(description="Runs of the subtree (itself included) by status")
     live: int = Field(description="Runs of the subtree still running")
     wallSeconds: float = Field(
@@ -55,6 +63,11 @@ class BudgetOut(Schema):
 
     limits: dict[str, BudgetLimitOut] = Field(
         description="By name: maxRuns, maxLive, maxTokens, maxCostUsd, maxSeconds"
+    )
+    costUnbounded: str = Field(
+        default="",
+        description='Why maxCostUsd cannot bound the cost ("" when it can): some usage of '
+        "the subtree has no cost and no price for its model",
     )
     setBy: str
     warnedAt: datetime | None
@@ -115,6 +128,7 @@ class TreeSubtreeUsage(Schema):
     inputTokens: int
     outputTokens: int
     costUsd: float
+    unpricedEvents: int = Field(description="Usage events of the subtree without a price")
     runs: int = Field(description="Runs of the subtree, itself included")
     live: int
 

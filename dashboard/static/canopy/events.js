@@ -102,7 +102,9 @@ function usageLine(u) {
   const parts = [`${formatCount(u.inputTokens)} in`, `${formatCount(u.outputTokens)} out`];
   if (u.cacheReadTokens) parts.push(`${formatCount(u.cacheReadTokens)} cache read`);
   if (u.cacheWriteTokens) parts.push(`${formatCount(u.cacheWriteTokens)} cache write`);
-  if (u.costUsd != null) parts.push(formatCost(u.costUsd));
+  // costSource (set by the server): the agent's own cost, the price table's, or none known.
+  if (u.costSource === "unpriced") parts.push("unpriced");
+  else if (u.costUsd != null) parts.push(formatCost(u.costUsd) + (u.costSource ? ` (${u.costSource})` : ""));
   if (u.model) parts.push(u.model);
   return parts.join(" · ");
 }
@@ -163,6 +165,8 @@ export class UsageTotals {
     this.cacheReadTokens = 0;
     this.cacheWriteTokens = 0;
     this.costUsd = 0;
+    this.unpriced = 0;
+    this.sources = new Set();
     this.models = new Set();
   }
 
@@ -175,6 +179,8 @@ export class UsageTotals {
     this.cacheReadTokens += Number(u.cacheReadTokens) || 0;
     this.cacheWriteTokens += Number(u.cacheWriteTokens) || 0;
     this.costUsd += Number(u.costUsd) || 0;
+    if (u.costSource === "unpriced") this.unpriced += 1;
+    else if (u.costSource) this.sources.add(u.costSource);
     if (u.model) this.models.add(u.model);
     return true;
   }

@@ -31,7 +31,8 @@ function showUsage() {
   set("outputTokens", formatCount(usage.outputTokens));
   set("cacheReadTokens", formatCount(usage.cacheReadTokens));
   set("cacheWriteTokens", formatCount(usage.cacheWriteTokens));
-  set("costUsd", formatCost(usage.costUsd));
+  set("costUsd", formatCost(usage.costUsd) + (usage.unpriced ? ` + ${usage.unpriced} unpriced` : ""));
+  set("costSource", [...usage.sources, ...(usage.unpriced ? ["unpriced"] : [])].join(", ") || "—");
   set("models", [...usage.models].join(", ") || "—");
   set("events", String(usage.events));
 }

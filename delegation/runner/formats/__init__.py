@@ -6,7 +6,8 @@ A preset names its ``format`` (SPEC §9):
   else a ``text`` event);
 - ``claude-stream-json``: ``claude -p --output-format stream-json --verbose``;
 - ``codex-json``: ``codex exec --json``;
-- ``gemini-stream-json``: ``gemini --output-format stream-json``.
+- ``gemini-stream-json``: ``gemini --output-format stream-json``;
+- ``copilot-json``: ``copilot -p ... --output-format json`` (GitHub Copilot CLI).
 
 Every parser has the same surface: :meth:`Format.feed` takes one stdout line and returns the
 events it maps to, :meth:`Format.flush` returns what it was still coalescing, and
@@ -45,6 +46,7 @@ from delegation.runner.formats.base import (
 )
 from delegation.runner.formats.claude import CLAUDE_FAILURES, ClaudeStreamJson
 from delegation.runner.formats.codex import CODEX_TOOL_ITEMS, CodexJson
+from delegation.runner.formats.copilot import CopilotJson
 from delegation.runner.formats.gemini import GeminiStreamJson
 from delegation.runner.formats.lines import LinesFormat
 
@@ -59,6 +61,7 @@ __all__ = [
     "USAGE_INT_KEYS",
     "ClaudeStreamJson",
     "CodexJson",
+    "CopilotJson",
     "Format",
     "GeminiStreamJson",
     "LinesFormat",
@@ -71,7 +74,8 @@ __all__ = [
 
 
 FORMATS: dict[str, type[Format]] = {
-    cls.name: cls for cls in (LinesFormat, ClaudeStreamJson, CodexJson, GeminiStreamJson)
+    cls.name: cls
+    for cls in (LinesFormat, ClaudeStreamJson, CodexJson, GeminiStreamJson, CopilotJson)
 }
 
 

@@ -165,6 +165,10 @@ class Format:
     def flush(self) -> list[dict]:
         return []
 
+    def usage_file(self, text: str) -> list[dict]:
+        """Events from the file the agent wrote at ``{usageFile}`` (read once it exited)."""
+        return []
+
     def note_text(self, text: str) -> None:
         if text.strip():
             self.last_text = text

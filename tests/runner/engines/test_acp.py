@@ -173,8 +173,14 @@ async def test_it_runs_an_acp_child_to_readable_events_usage_and_permission_deci
 
     # usage_update's cumulative cost and the turn's own tokens, in SPEC §10 shape.
     usage = [e.input for e in events if e.kind == "usage"]
-    assert {"inputTokens": 0, "outputTokens": 0, "costUsd": 0.25} in usage
-    assert {"inputTokens": 100, "outputTokens": 50, "cacheReadTokens": 30} in usage
+    # costSource: added by the server when it stored them (the agent's cost, or none known).
+    assert {"inputTokens": 0, "outputTokens": 0, "costUsd": 0.25, "costSource": "agent"} in usage
+    assert {
+        "inputTokens": 100,
+        "outputTokens": 50,
+        "cacheReadTokens": 30,
+        "costSource": "unpriced",
+    } in usage
     assert h.asked == [child.run_id]
 
 

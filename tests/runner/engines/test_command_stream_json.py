@@ -91,6 +91,7 @@ async def test_it_runs_a_claude_stream_json_child_to_events_usage_and_outcome(
             "cacheReadTokens": 10,
             "costUsd": 0.002,
             "model": "claude-test-1",
+            "costSource": "agent",  # added by the server when it stored the event
         }
 
         failed = await run_child("capped", "go", "r2")

@@ -885,6 +885,10 @@ def test_it_cuts_huge_lines_and_fields(name):
             "status": "success",
             "output": "y" * 400_000,
         },
+        "copilot-json": {
+            "type": "tool.execution_complete",
+            "data": {"toolCallId": "t", "success": True, "result": {"content": "y" * 400_000}},
+        },
     }[name]
     events = fmt.feed(json.dumps(huge))
     for ev in events:

@@ -29,12 +29,12 @@ def claude_bin() -> str:
 
 
 def acp_bin() -> str:
-    """The ``claude-code-acp`` adapter: ``CLAUDE_ACP_BIN`` if set, else the one ``make agents``
-    installs."""
-    path = Path(os.environ.get("CLAUDE_ACP_BIN") or INSTALLED / "claude-code-acp")
+    """The ``claude-agent-acp`` adapter (successor of ``claude-code-acp``): ``CLAUDE_ACP_BIN``
+    if set, else the one ``make agents`` installs."""
+    path = Path(os.environ.get("CLAUDE_ACP_BIN") or INSTALLED / "claude-agent-acp")
     if not (path.is_file() and os.access(path, os.X_OK)):
         raise FileNotFoundError(
-            f"claude-code-acp not found at {path}: run `make agents` (or set CLAUDE_ACP_BIN)"
+            f"claude-agent-acp not found at {path}: run `make agents` (or set CLAUDE_ACP_BIN)"
         )
     return str(path)
 

@@ -109,6 +109,14 @@ class ModelRequest:
     def tool_uses(self) -> list[dict[str, Any]]:
         return self.blocks("tool_use")
 
+    @property
+    def first_text(self) -> str:
+        """The text of the conversation's first message (the task)."""
+        content = self.messages[0].get("content") if self.messages else ""
+        if isinstance(content, str):
+            return content
+        return " ".join(b.get("text", "") for b in content or [] if isinstance(b, dict))
+
     def tool_result_text(self, block: dict[str, Any]) -> str:
         content = block.get("content")
         if isinstance(content, str):
