@@ -106,11 +106,13 @@ def aim_at_real_resources(case, world) -> None:
     if isinstance(body, dict) and {"runner", "profile", "message"} <= set(body):
         # A launch names a connected runner and one of its presets in every case (a random
         # name only reaches the 409 branch, which the unknown-runner tests cover); the message,
-        # budget and the rest stay generated. Only string fields are swapped, so a negative
-        # case stays negative.
+        # budget and the rest stay generated. Only strings within the fields' lengths
+        # (1-128) are swapped, so a negative case stays negative; measured as schemathesis
+        # does, in UTF-16 units (an over-long name of astral characters was 128 code points).
         real = {"runner": world.runner_name, "profile": "worker", "extensionId": "ext"}
         for name, value in real.items():
-            if type(body.get(name)) is str:
+            current = body.get(name)
+            if type(current) is str and 1 <= len(current.encode("utf-16-le")) // 2 <= 128:
                 body[name] = value
     if not _aimed(case):
         return
