@@ -4,7 +4,7 @@ Everyone with a role reads it; admins set and delete prices (audited). A price a
 usage events stored after it was set: stored costs are never rewritten."""
 
 from django.http import Http404
-from ninja import Router, Schema, Status
+from ninja import Path, Router, Schema, Status
 from pydantic import Field
 
 from dashboard.api.core import ErrorOut, NoParams, actor_for, strict_query
@@ -16,6 +16,12 @@ router = Router(tags=["prices"])
 READ = {401: ErrorOut, 403: ErrorOut, 422: ErrorOut}
 ACT = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut}
 PER_MTOK = "USD per million tokens"
+MODEL = Path(
+    ...,
+    max_length=prices.MODEL_MAX_LENGTH,
+    pattern=prices.MODEL_PATTERN,
+    description="The model's exact name, as agents report it",
+)
 
 
 class PriceItem(Schema):
@@ -63,7 +69,7 @@ def list_prices(request):
     summary="Set a model's price (admin, audited; new usage events only)",
 )
 @strict_query(NoParams)
-def set_price(request, model: str, body: PriceBody):
+def set_price(request, body: PriceBody, model: str = MODEL):
     values = body.model_dump()
     note = values.pop("note")
     price = prices.do_set_price(actor_for(request), model=model, prices=values, note=note)
@@ -76,7 +82,7 @@ def set_price(request, model: str, body: PriceBody):
     summary="Delete a model's price (admin, audited)",
 )
 @strict_query(NoParams)
-def delete_price(request, model: str):
+def delete_price(request, model: str = MODEL):
     if not prices.do_delete_price(actor_for(request), model=model):
         raise Http404(f"model: no price for {model!r}")
     return Status(204, None)

@@ -14,6 +14,7 @@ A model's price is its exact name's, else the longest priced name that is a pref
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal, InvalidOperation
 
 from django.db import transaction
@@ -114,11 +115,20 @@ def require_admin(actor: Actor, action: str, model: str) -> None:
     raise PermissionRefused(f"{actor.label} has role {role or 'none'}; {action} needs admin")
 
 
+# A model name: no control characters, no space at either end. Written so that Python and a
+# JSON Schema (ECMA) regex agree on it: the REST path parameter publishes the same pattern.
+_END = r"[^\s\ufeff\x00-\x1f\x7f-\x9f]"
+MODEL_PATTERN = rf"^{_END}(?:[^\x00-\x1f\x7f-\x9f]*{_END})?$"
+MODEL_MAX_LENGTH = 200
+
+
 def check_model(model) -> str:
-    if not isinstance(model, str) or not model.strip() or len(model) > 200:
+    if not isinstance(model, str) or not model.strip() or len(model) > MODEL_MAX_LENGTH:
         raise RpcError(INVALID_PARAMS, "model: must be a non-blank name of at most 200 chars")
-    if model != model.strip():
-        raise RpcError(INVALID_PARAMS, "model: must not start or end with spaces")
+    if not re.fullmatch(MODEL_PATTERN, model):
+        raise RpcError(
+            INVALID_PARAMS, "model: must not start or end with spaces or hold control characters"
+        )
     return model
 
 
