@@ -6,6 +6,8 @@ tests run through is what a deployment installs."""
 from __future__ import annotations
 
 import argparse
+import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -49,7 +51,10 @@ def render_main(site: str, *, work_dir: Path, error_log: str = "stderr") -> str:
         f"    {kind}_temp_path {work_dir / kind};"
         for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
     )
-    return f"""daemon off;
+    # Started as root, nginx's workers drop to nobody, who cannot read a checkout under an
+    # owner-only directory (a CI clone in a mkdtemp): this nginx's workers stay its owner.
+    user = f"user {pwd.getpwuid(os.geteuid()).pw_name};\n" if os.geteuid() == 0 else ""
+    return f"""{user}daemon off;
 worker_processes 1;
 pid {work_dir / "nginx.pid"};
 error_log {error_log} warn;

@@ -190,6 +190,7 @@ def test_it_passes_placeholders_inside_a_message_as_plain_text(tmp_path):
     class Ctx:
         message = "--output=x {cwd} {runId} {message}"
         run_id, conversation_id, depth, preset = "run-1", "conv-1", 2, None
+        data: dict = {}  # RunContext's engine-private state ({usageFile} reads it)
 
     argv = engine.argv(Ctx, engine.presets_by_name["p"], "/ws/sub")
     assert argv == ["agent", "--depth=2", "--", "--output=x {cwd} {runId} {message}", "/ws/sub"]
