@@ -100,6 +100,9 @@ async function act(node, a, action) {
   if (action === "allow-always-root") body.scopeRun = "root";
   if (message) body.message = message;
   for (const b of node.querySelectorAll("button")) b.disabled = true;
+  // A disabled button loses focus: without this mark the next poll (which no longer lists the
+  // approval) removed the card before its outcome could show.
+  node.dataset.deciding = "1";
   const response = await fetch(`/api/approvals/${encodeURIComponent(a.approvalId)}/decision`, {
     method: "POST",
     credentials: "same-origin",
@@ -114,6 +117,7 @@ async function act(node, a, action) {
   } else {
     outcome.textContent = `Refused: ${answer.error?.message ?? response.status}`;
     for (const b of node.querySelectorAll("button")) b.disabled = false;
+    delete node.dataset.deciding;
   }
   refreshAll();
 }
@@ -130,8 +134,10 @@ async function refresh(list) {
   }
   const seen = new Set(page.items.map((a) => a.approvalId));
   for (const node of list.querySelectorAll("[data-approval-id]")) {
-    // A card being edited or just decided stays until its decision shows elsewhere too.
-    if (!seen.has(node.dataset.approvalId) && !node.contains(document.activeElement)) node.remove();
+    // A card being edited, being decided or decided here stays (with its outcome) until
+    // the page is left; others that are no longer pending go.
+    const kept = node.dataset.deciding || node.dataset.decided || node.contains(document.activeElement);
+    if (!seen.has(node.dataset.approvalId) && !kept) node.remove();
   }
   for (const a of page.items) {
     const existing = list.querySelector(`[data-approval-id="${CSS.escape(a.approvalId)}"]`);
