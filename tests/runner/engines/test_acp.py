@@ -366,7 +366,7 @@ def test_it_reads_the_documented_acp_presets_and_refuses_bad_ones():
     )
     engine = AcpEngine.from_config(json.loads(block), workspace=str(Path.cwd()))
     preset = engine.presets_by_name["claude"]
-    assert preset.command == ["claude-code-acp"]
+    assert preset.command == ["claude-agent-acp"]
     assert preset.allow_tool_kinds == ("read", "search")
     with pytest.raises(ValueError, match=r"'allowToolKinds' has unknown kind\(s\) shell"):
         AcpPreset.from_config({"name": "x", "command": ["a"], "allowToolKinds": ["shell"]})
