@@ -18,6 +18,7 @@ class Preset:
     name: str
     system_prompt: str = ""
     options: Mapping[str, Any] | None = None
+    approvals: Mapping[str, Any] | None = None  # SPEC §11: the policy its runs start with
 
     def wire(self) -> dict:
         out: dict[str, Any] = {"name": self.name}
@@ -25,6 +26,8 @@ class Preset:
             out["systemPrompt"] = self.system_prompt
         if self.options:
             out["options"] = dict(self.options)
+        if self.approvals is not None:
+            out["approvals"] = dict(self.approvals)
         return out
 
 

@@ -95,6 +95,8 @@ class ExtensionPreset(models.Model):
     name = models.CharField(max_length=128)
     options = models.JSONField(default=dict, blank=True)
     system_prompt = models.TextField(blank=True)
+    # SPEC §11: the preset's approval policy {rules, default}, given to each run it starts.
+    approvals = models.JSONField(null=True, blank=True)
     registered_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -21,9 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from delegation import errors as codes
 from delegation.client import Preset, RpcError
 from delegation.runner.sandbox import unsandboxed_warning, warm_masks
+from delegation.wire.approvals import Policy
 
 log = logging.getLogger("canopy.runner")
 
@@ -44,6 +47,7 @@ COMMON_FIELDS = frozenset(
         "readOnly",
         "user",
         "network",
+        "approvals",
     }
 )
 
@@ -61,6 +65,9 @@ class AgentPreset:
     read_only: tuple[str, ...] = ()  # more paths a sandboxed agent may read (an interpreter)
     user: str | None = None  # run the agent as this account (the runner must be root)
     network: str = "host"  # a sandbox's network: the runner's ("host") or "none"
+    # SPEC §11: the approval policy {rules, default} every run of this preset starts with
+    # (sent when the runner registers; the server applies the strictest along the chain).
+    approvals: Mapping[str, Any] | None = None
 
     @property
     def sandboxed(self) -> bool:
@@ -116,6 +123,7 @@ def check_fields(raw: Mapping[str, Any], *, label: str, extra: Iterable[str] = (
             raise ValueError(f"{label}: 'user' {user!r} is no account here") from None
     return {
         "name": name,
+        "approvals": check_approvals(raw.get("approvals"), label=label),
         "command": command,
         "system_prompt": raw.get("systemPrompt", "") or "",
         "options": raw.get("options"),
@@ -127,6 +135,23 @@ def check_fields(raw: Mapping[str, Any], *, label: str, extra: Iterable[str] = (
         "user": user,
         "network": network,
     }
+
+
+def check_approvals(raw, *, label: str) -> dict | None:
+    """A preset's ``approvals`` in the one strict policy shape the server checks too, so a
+    bad one is refused when the file loads rather than when the runner registers."""
+    if raw is None:
+        return None
+    try:
+        return Policy.model_validate(raw).plain()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(policy)'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise ValueError(
+            f"{label}: 'approvals' is not a policy {{rules, default}}: {problems}"
+        ) from None
 
 
 def by_name(presets: list[AgentPreset], engine: str) -> dict[str, AgentPreset]:
@@ -210,7 +235,12 @@ class PresetEngine:
 
     def presets(self) -> list[Preset]:
         return [
-            Preset(p.name, p.system_prompt, dict(p.options) if p.options else None)
+            Preset(
+                p.name,
+                p.system_prompt,
+                dict(p.options) if p.options else None,
+                approvals=dict(p.approvals) if p.approvals is not None else None,
+            )
             for p in self.presets_by_name.values()
         ]
 

@@ -494,6 +494,8 @@ def do_start_child(start: _Start) -> dict:
         source = "agent" if start.caller.via == RunVia.MCP.value else "runner"
         policy = approvals.check_policy(request.options.approvals, "request.options.approvals")
         approvals.store_policy(child, policy, source=source)
+    elif start.preset.approvals is not None:
+        approvals.store_policy(child, start.preset.approvals, source="preset")
     return lifecycle.dispatch(
         child,
         method=Command.Method.CHILD_EXECUTE,

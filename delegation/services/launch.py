@@ -114,6 +114,9 @@ def _launch_locked(actor: Actor, launch: Launch) -> dict:
         budgets.launch_budget(run, launch.budget, actor)
     if launch.approvals is not None:
         approvals.store_policy(run, approvals.check_policy(launch.approvals), source="operator")
+    elif preset.approvals is not None:
+        # SPEC §11: the preset's policy, unless the operator launching gave one.
+        approvals.store_policy(run, preset.approvals, source="preset")
     result = lifecycle.dispatch(run, method=Command.Method.RUN_EXECUTE)
     audit(
         actor,

@@ -16,7 +16,7 @@ from delegation.models import (
     Runner,
     RunStatus,
 )
-from delegation.services import alerts, rollups
+from delegation.services import alerts, approvals, rollups
 from delegation.services.audit import audit
 from delegation.services.base import lock_run
 from delegation.services.identity import Actor, Connection
@@ -72,6 +72,15 @@ def register(conn: Connection, params: RegisterParams) -> tuple[dict, int, str]:
         runner.save()
         if previous_host and previous_host != params.host_instance_id:
             _abandon_host_instance(runner, previous_host, params.host_instance_id)
+        # Checked before anything is replaced: a bad preset policy refuses the registration.
+        policies = {
+            (ext.extension_id, preset.name): approvals.check_policy(
+                preset.approvals, f"extensions.{ext.extension_id}.presets.{preset.name}.approvals"
+            )
+            for ext in params.extensions
+            for preset in ext.presets
+            if preset.approvals is not None
+        }
         ExtensionPreset.objects.filter(runner=runner).delete()
         ExtensionPreset.objects.bulk_create(
             ExtensionPreset(
@@ -81,6 +90,7 @@ def register(conn: Connection, params: RegisterParams) -> tuple[dict, int, str]:
                 name=preset.name,
                 options=preset.options.wire() if preset.options is not None else {},
                 system_prompt=preset.system_prompt,
+                approvals=policies.get((ext.extension_id, preset.name)),
             )
             for ext in params.extensions
             for preset in ext.presets

@@ -161,6 +161,9 @@ class Profile(Strict):
     name: str
     options: Options = Field(default=None)
     system_prompt: str = Field(default="", alias="systemPrompt")
+    # SPEC §11: the approval policy every run of this preset starts with, checked by the
+    # approvals service when the runner registers.
+    approvals: dict[str, Any] = Field(default=None)
 
     @field_validator("name")
     @classmethod
