@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from delegation import errors as codes
 from delegation.client import Preset, RpcError
 from delegation.runner.sandbox import unsandboxed_warning, warm_masks
-from delegation.wire.approvals import Policy
+from delegation.wire.approvals import SHIPPED_POLICIES, Policy
 
 log = logging.getLogger("canopy.runner")
 
@@ -138,10 +138,18 @@ def check_fields(raw: Mapping[str, Any], *, label: str, extra: Iterable[str] = (
 
 
 def check_approvals(raw, *, label: str) -> dict | None:
-    """A preset's ``approvals`` in the one strict policy shape the server checks too, so a
-    bad one is refused when the file loads rather than when the runner registers."""
+    """A preset's ``approvals`` (a policy, or a shipped policy's name) in the one strict
+    policy shape the server checks too, so a bad one is refused when the file loads rather
+    than when the runner registers."""
     if raw is None:
         return None
+    if isinstance(raw, str):
+        if raw not in SHIPPED_POLICIES:
+            raise ValueError(
+                f"{label}: 'approvals' names no shipped policy {raw!r} "
+                f"(shipped: {', '.join(sorted(SHIPPED_POLICIES))}; or give {{rules, default}})"
+            )
+        raw = SHIPPED_POLICIES[raw]
     try:
         return Policy.model_validate(raw).plain()
     except ValidationError as exc:

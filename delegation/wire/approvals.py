@@ -41,6 +41,23 @@ class Policy(Strict):
         }
 
 
+# Shipped policies a preset may name instead of spelling one out (``"approvals":
+# "allow-reads"``). "allow-reads": what only reads (Claude Code's read-only tools, the ACP
+# kinds that change nothing) runs at once; everything else, network fetches included (a URL
+# can carry data out), waits for an operator.
+READ_TOOLS = ("Read", "Glob", "Grep", "LS", "NotebookRead")
+READ_KINDS = ("read", "search", "think")
+SHIPPED_POLICIES: dict[str, dict] = {
+    "allow-reads": {
+        "rules": [
+            *({"match": {"tool": tool}, "decision": "allow"} for tool in READ_TOOLS),
+            *({"match": {"kind": kind}, "decision": "allow"} for kind in READ_KINDS),
+        ],
+        "default": "ask",
+    }
+}
+
+
 class ApprovalRequestParams(Strict):
     run_id: ValidId = Field(alias="runId")
     tool_call_id: ValidId = Field(alias="toolCallId")
