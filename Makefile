@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 
 # oidc-provider: see the single sign-on block below.
-.PHONY: install agents oidc-provider phoenix run serve test test-postgres lint wheel-check format bench clean clean-agents
+.PHONY: install agents oidc-provider phoenix run demo-agents serve test test-postgres lint wheel-check format bench clean clean-agents
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -77,6 +77,18 @@ run: install $(DEV_KEY)
 	$(KEYED) $(PY) manage.py demo --host $(HOST) --port $(PORT) \
 	  $(if $(PRESETS),--presets '$(PRESETS)') $(if $(ENGINE),--engine $(ENGINE)) \
 	  $(if $(ROOT),'--root=$(ROOT)') $(if $(PROFILE),--root-profile '$(PROFILE)')
+
+# Real Claude Code (the CLI `make agents` pins, first on PATH) growing a tree offline: the server,
+# the scripted model endpoint on 127.0.0.1:$(MODEL_PORT) (the port the presets name) and a
+# runner with deploy/presets/demo-claude.json, which opens one root at start. Ctrl-C stops all.
+MODEL_PORT ?= 8765
+DEMO_PRESETS ?= deploy/presets/demo-claude.json
+DEMO_ROOT := [root] Grow a small demo tree
+demo-agents: install agents $(DEV_KEY)
+	$(KEYED) $(PY) manage.py migrate --noinput
+	PATH="$(CURDIR)/$(AGENTS_DIR)/node_modules/.bin:$$PATH" $(KEYED) $(PY) manage.py demo \
+	  --host $(HOST) --port $(PORT) --presets '$(DEMO_PRESETS)' --model-stub $(MODEL_PORT) \
+	  '--root=$(DEMO_ROOT)' --root-profile claude
 
 # The server alone, without the demo runner.
 serve: install $(DEV_KEY)

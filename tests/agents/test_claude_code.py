@@ -10,8 +10,8 @@ import urllib.request
 
 import pytest
 
+from delegation.runner.model_stub import Fail, ModelStub, Steps, ToolCall, fixed
 from tests.support.agents.claude_cli import INSTALLED, claude_bin, run_claude
-from tests.support.agents.model_stub import Fail, ModelStub, Steps, ToolCall, fixed
 from tests.support.agents.toy_mcp import ToyMCP
 
 

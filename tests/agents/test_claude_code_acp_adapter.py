@@ -8,9 +8,9 @@ the toy MCP server, all against the scripted model. Needs ``make agents``.
 
 import subprocess
 
+from delegation.runner.model_stub import ModelStub, Steps
 from tests.support.agents.acp_client import ACPAgent
 from tests.support.agents.claude_cli import claude_bin
-from tests.support.agents.model_stub import ModelStub, Steps
 from tests.support.agents.toy_mcp import ToyMCP
 
 

@@ -11,9 +11,9 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from delegation.models import Run, RunVia
+from delegation.runner.model_stub import ModelStub, Steps
 from delegation.services import tokens
 from tests.support.agents.claude_cli import run_claude
-from tests.support.agents.model_stub import ModelStub, Steps
 from tests.support.mcp_tools import LiveRunner
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]

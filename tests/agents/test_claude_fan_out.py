@@ -15,6 +15,7 @@ from asgiref.sync import sync_to_async
 from delegation.models import Event, Run
 from delegation.runner.command import CommandEngine, CommandPreset
 from delegation.runner.host import RunnerHost
+from delegation.runner.model_stub import ModelStub, Text
 from delegation.services import tokens
 from tests.support import runners
 from tests.support.agents.fan_out import (
@@ -27,7 +28,6 @@ from tests.support.agents.fan_out import (
     child_conclusion,
     spend,
 )
-from tests.support.agents.model_stub import ModelStub, Text
 from tests.support.real_agents import offline_claude_preset
 
 pytestmark = [

@@ -19,9 +19,9 @@ from asgiref.sync import sync_to_async
 from delegation.models import Event, Run
 from delegation.runner.command import CommandEngine, CommandPreset
 from delegation.runner.host import RunnerHost
+from delegation.runner.model_stub import ModelStub, Text, ToolCall
 from delegation.services import tokens
 from tests.support import runners
-from tests.support.agents.model_stub import ModelStub, Text, ToolCall
 from tests.support.real_agents import offline_claude_preset
 
 pytestmark = [

@@ -12,6 +12,7 @@ from asgiref.sync import sync_to_async
 
 from delegation.runner.command import CommandEngine, CommandPreset
 from delegation.runner.formats import make_format
+from delegation.runner.model_stub import ModelStub
 from tests.support.agents.delegating import (
     AgentTree,
     DelegateScript,
@@ -19,7 +20,6 @@ from tests.support.agents.delegating import (
     group_alive,
     wait_for,
 )
-from tests.support.agents.model_stub import ModelStub
 from tests.support.agents.other_clis import COPILOT_MODEL, agent_bin, copilot_env
 from tests.support.real_agents import readme_presets
 

@@ -17,9 +17,9 @@ from delegation.client import McpToken
 from delegation.runner.command import CommandEngine, CommandPreset
 from delegation.runner.host import RunnerHost
 from delegation.runner.mcpconfig import McpConfigFile
+from delegation.runner.model_stub import ModelStub, Text
 from delegation.runner.presets import load_config
 from delegation.services import tokens
-from tests.support.agents.model_stub import ModelStub, Text
 from tests.support.agents.toy_mcp import ToyMCP
 from tests.support.paths import PROJECT
 from tests.support.real_agents import offline_claude_preset, readme_presets

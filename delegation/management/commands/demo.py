@@ -11,6 +11,10 @@ server is still up, then the server.
 agents) on that presets file instead of the scripted demo, e.g. the README's real-agent presets;
 ``--root MESSAGE`` (with ``--root-profile``) opens a top-level run with it at start.
 
+``--model-stub PORT`` also starts the scripted model endpoint (``delegation.runner.demo_model``,
+its own process on 127.0.0.1:PORT) and supervises it with the others: ``make demo-agents`` runs
+real Claude Code on it, offline, from ``deploy/presets/demo-claude.json``.
+
 ``--no-serve`` only prepares the account and the token (``--print-token`` prints the token
 alone on the last line, for scripts that start the processes themselves).
 """
@@ -65,6 +69,9 @@ class Command(BaseCommand):
         parser.add_argument("--engine", choices=("command", "acp"), default="command")
         parser.add_argument("--root", action="append", default=[], metavar="MESSAGE")
         parser.add_argument("--root-profile", default=None)
+        parser.add_argument(
+            "--model-stub", type=int, default=None, metavar="PORT", help="scripted model port"
+        )
 
     def handle(self, *args, **opts):
         password = secrets.token_urlsafe(12)
@@ -124,8 +131,12 @@ class Command(BaseCommand):
         previous = {sig: signal.signal(sig, on_signal) for sig in stop_signals}
         # Own sessions: a terminal Ctrl-C reaches only this supervisor, which then stops the
         # runner before the server, so running executions end as cancelled, not lost.
-        server = runner = None
+        server = runner = model = None
         try:
+            if opts.get("model_stub") is not None:
+                model = self.start_model(opts["model_stub"], runner_env)
+                if model is None:
+                    return 1
             try:
                 server = start_server(host, port, env=env, own_session=True)
             except ServerDidNotStart as failure:
@@ -153,6 +164,9 @@ class Command(BaseCommand):
                 if runner.poll() is not None:
                     self.stderr.write(f"The demo runner exited ({runner.returncode}).")
                     return 1
+                if model is not None and model.poll() is not None:
+                    self.stderr.write(f"The scripted model exited ({model.returncode}).")
+                    return 1
                 time.sleep(0.2)
             self.stdout.write("\nStopping the demo runner, then the server...")
             return 0
@@ -163,6 +177,23 @@ class Command(BaseCommand):
                 os.close(token_fd)
             stop_server(runner)
             stop_server(server)
+            stop_server(model)
+
+    def start_model(self, port: int, env: dict) -> subprocess.Popen | None:
+        # Its own loopback process, never part of the server: it answers as a model would.
+        if answers("127.0.0.1", port):
+            self.stderr.write(f"Port {port} (scripted model) is already in use; pass another.")
+            return None
+        cmd = [sys.executable, "-m", "delegation.runner.demo_model", "--port", str(port)]
+        model = subprocess.Popen(cmd, cwd=BASE_DIR, env=env, start_new_session=True)
+        deadline = time.monotonic() + 15
+        while not answers("127.0.0.1", port):
+            if model.poll() is not None or time.monotonic() > deadline:
+                self.stderr.write("The scripted model did not start; see its output above.")
+                stop_server(model)
+                return None
+            time.sleep(0.1)
+        return model
 
 
 def runner_command(opts, seed: int) -> list[str]:

@@ -22,9 +22,9 @@ from asgiref.sync import sync_to_async
 
 from delegation.models import Event, Run
 from delegation.runner.host import RunnerHost
+from delegation.runner.model_stub import Text, ToolCall
 from delegation.services import tokens
 from tests.support import runners
-from tests.support.agents.model_stub import Text, ToolCall
 
 FAST = {**runners.FAST, "call_timeout": 60}
 TOKEN = re.compile(rb"cn[rta]_[A-Za-z0-9_\-]{20,}")
@@ -65,8 +65,9 @@ class DelegateScript:
         return Text(f"L{level} done; child said: {said[:100]}")
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether a (non-zombie) process of group ``pgid`` still runs."""
+def live_processes() -> dict[int, tuple[int, int]]:
+    """Every running (non-zombie) process of the machine: pid -> (parent pid, group)."""
+    found = {}
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
@@ -74,9 +75,24 @@ def group_alive(pgid: int) -> bool:
                     fields = fh.read().rsplit(b")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[2]) == pgid and fields[0] != b"Z":
-                return True
-    return False
+            if fields[0] != b"Z":
+                found[int(entry.name)] = (int(fields[1]), int(fields[2]))
+    return found
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a (non-zombie) process of group ``pgid`` still runs."""
+    return any(group == pgid for _parent, group in live_processes().values())
+
+
+def descendants(pid: int) -> set[int]:
+    """Every running process below ``pid``, those in sessions of their own included."""
+    parents = {p: parent for p, (parent, _group) in live_processes().items()}
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
 
 
 def tokens_on_argv() -> set[bytes]:

@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support.agents.model_stub import ModelRequest, Text, ToolCall
+from delegation.runner.model_stub import ModelRequest, Text, ToolCall
 
 PARTS = 3
 HELD = 2

@@ -13,8 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from delegation.runner.model_stub import Fail, ModelStub, Script, Steps, Text, ToolCall, fixed
 from tests.support.agents.claude_cli import run_claude
-from tests.support.agents.model_stub import Fail, ModelStub, Script, Steps, Text, ToolCall, fixed
 from tests.support.agents.toy_mcp import ToyMCP
 
 OUT = Path(__file__).resolve().parent / "recorded" / "claude-stream-json"

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.support.agents.model_stub import Fail, ModelStub, Steps, fixed
+from delegation.runner.model_stub import Fail, ModelStub, Steps, fixed
 from tests.support.agents.other_clis import (
     STUB_KEY,
     agent_bin,

@@ -1,5 +1,5 @@
 """Scripted model endpoints for the other wires, run by the same scripts as the Anthropic
-stub (:mod:`tests.support.agents.model_stub`): ``Text``, ``ToolCall``, ``Fail``, ``Steps``.
+stub (:mod:`delegation.runner.model_stub`): ``Text``, ``ToolCall``, ``Fail``, ``Steps``.
 
 - :class:`ResponsesStub`: OpenAI Responses (``POST /v1/responses``, SSE) for Codex; a
   WebSocket upgrade is refused (Codex falls back to SSE, and its provider config says
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tests.support.agents.model_stub import Fail, Text, ToolCall
+from delegation.runner.model_stub import Fail, Text, ToolCall
 
 _ids = itertools.count(1)
 

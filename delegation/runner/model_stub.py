@@ -6,6 +6,9 @@ request. Replies carry usage numbers (and echo the requested model) so the agent
 accounting has something to count. Paths the stub does not know are answered 404 and logged in
 ``unknown`` so a test can see what else an agent tried to reach.
 
+It is test and demo tooling, never part of a server: it runs in the test's process or as its
+own loopback process (``python -m delegation.runner.demo_model``, behind ``make demo-agents``).
+
 A script is any callable ``(ModelRequest) -> Reply``; ``Steps`` covers the usual shape
 ("the first turn that offers tool T calls it with these arguments; after its result, answer").
 """
@@ -380,10 +383,11 @@ class _Server(ThreadingHTTPServer):
 
 
 class ModelStub:
-    """The stub on 127.0.0.1 and a free port; use as a context manager."""
+    """The stub on 127.0.0.1 (loopback only: it is no model) and ``port`` (0: a free one);
+    use as a context manager."""
 
-    def __init__(self, script: Script):
-        self._server = _Server(("127.0.0.1", 0), _Handler)
+    def __init__(self, script: Script, port: int = 0):
+        self._server = _Server(("127.0.0.1", port), _Handler)
         self._server.script = script
         self._server.requests = []
         self._server.unknown = []
