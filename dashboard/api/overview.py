@@ -21,6 +21,9 @@ class OverviewOut(Schema):
     liveRoots: int = Field(description="Top-level runs running now")  # noqa: N815
     failedLastHour: int = Field(description="Runs failed or lost in the last hour")  # noqa: N815
     failedLastDay: int = Field(description="Runs failed or lost in the last 24 hours")  # noqa: N815
+    pendingApprovals: int = Field(  # noqa: N815
+        description="Approvals waiting for a decision (as GET /api/approvals?status=pending)"
+    )
     costLastHourUsd: float = Field(  # noqa: N815
         description="Cost of the runs started in the last hour"
     )

@@ -229,6 +229,9 @@ class TreeRow(_Out):
     task: str
     activity: str
     conclusion_status: str | None = Field(default=None, alias="conclusionStatus")
+    # SPEC §11: approvals waiting on this run, and in its subtree (this run's included).
+    pending_approvals: int = Field(default=0, alias="pendingApprovals")
+    sub_pending_approvals: int = Field(default=0, alias="subPendingApprovals")
 
 
 class TreeFrame(_Out):
@@ -240,12 +243,14 @@ class TreeFrame(_Out):
 
 class TreeColsFrame(_Out):
     """A chunk of the tree snapshot, one array per field (index i of every array is one run);
-    ``parentPk`` names the parent by its pk, sent in an earlier row; ``leases`` is sparse."""
+    ``parentPk`` names the parent by its pk, sent in an earlier row; ``leases`` is sparse, and
+    so is ``approvals`` (pk -> [pending on the run, pending in its subtree])."""
 
     type: Literal["treeCols"]
     tree_id: str = Field(alias="treeId")
     columns: dict[str, list[Any]]
     leases: dict[str, list[dict[str, Any]]]
+    approvals: dict[str, list[int]] = Field(default_factory=dict)
     more: bool
 
 

@@ -17,6 +17,7 @@ from dashboard.live.caps import MAX_TREE_SUBSCRIPTIONS
 from dashboard.live.frames import SubscribeTree, Unsubscribe
 from dashboard.live.read_cache import read_off_thread
 from delegation import notify, selectors
+from delegation.selectors.approvals import pending_in_tree
 from delegation.wire import dumps
 
 TREE_CHUNK = 1000
@@ -53,18 +54,21 @@ def _fingerprint(row: dict) -> tuple:
         row["finishedAt"],
         row["activity"],
         row.get("conclusionStatus"),
+        row.get("pendingApprovals"),
+        row.get("subPendingApprovals"),
         tuple((lease["leaseId"], lease["expiresAt"]) for lease in row["leases"]),
         tuple(row["usage"].values()),
         repr(row["budget"]),
     )
 
 
-def _tree_chunk_prepared(sub: TreeSub, after, size: int, keep, leases: dict, first: bool):
+def _tree_chunk_prepared(sub: TreeSub, after, size: int, keep, side: tuple, first: bool):
     """One chunk of a tree read, fingerprinted and (for a snapshot) encoded, off the loop."""
+    leases, pending = side
     columns, after, keep = selectors.tree_chunk(sub.top_pk, after, size, keep)
     if columns is None:
         return None
-    rows = selectors.column_rows(columns, leases, sub.ids)
+    rows = selectors.column_rows(columns, leases, sub.ids, pending)
     fingerprints = {row["pk"]: _fingerprint(row) for row in rows}
     texts = []
     if first:
@@ -72,6 +76,8 @@ def _tree_chunk_prepared(sub: TreeSub, after, size: int, keep, leases: dict, fir
         if sub.compact:
             frame = {"type": "treeCols", "treeId": sub.run_id, "columns": columns}
             frame["leases"] = {str(pk): leases[pk] for pk in columns["pk"] if pk in leases}
+            # Pending approvals per run, [own, subtree] (few: only the runs that have any).
+            frame["approvals"] = {str(pk): pending[pk] for pk in columns["pk"] if pk in pending}
             frame["more"] = more
             texts.append(dumps(frame))
         else:
@@ -176,6 +182,8 @@ class TreeSubscriptions:
         # Off the shared sync thread: a 100k-run snapshot is seconds of reads, and other
         # sockets' handshakes and the pages' views must not queue behind it.
         leases = await read_off_thread(selectors.tree_leases)(sub.root_pk)
+        # One grouped read per snapshot or full diff, not one per row.
+        pending = await read_off_thread(pending_in_tree)(sub.root_pk)
         after, keep, changed, sent_any = None, None, [], False
         # Reading, fingerprinting and encoding a chunk all happen in that thread too: done on
         # the event loop they held up every other socket of the process for seconds.
@@ -183,7 +191,7 @@ class TreeSubscriptions:
         while True:
             # A small first chunk puts the top of the tree on screen sooner.
             size = TREE_FIRST_CHUNK if first and after is None else TREE_READ_CHUNK
-            chunk = await read(sub, after, size, keep, leases, first)
+            chunk = await read(sub, after, size, keep, (leases, pending), first)
             if chunk is None:
                 break
             after, keep, fingerprints, texts, rows = chunk

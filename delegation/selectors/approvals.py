@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.db.models import Q
 from django.utils import timezone
 
 from delegation.models import Approval, ApprovalPolicy, ApprovalStatus, Run
@@ -97,6 +98,25 @@ def pending_by_root() -> dict[int, int]:
         .annotate(n=Count("id"))
     )
     return {row["root_id"]: row["n"] for row in rows}
+
+
+def pending_in_tree(root_pk: int, since=None) -> dict[int, tuple[int, int]]:
+    """Pending approvals of a tree by run pk: ``(own, subtree)`` (the subtree count includes
+    the run's own), for the tree page's rows. One read on the (root, status) index: pending
+    approvals are few even in a 100k-run tree, so each one is added up its ancestry here
+    rather than kept in the rollups. With ``since``, the pks whose counts may have moved
+    (a request or decision after it, and their ancestors) instead."""
+    rows = Approval.objects.filter(root_id=root_pk)
+    if since is not None:
+        rows = rows.filter(Q(requested_at__gte=since) | Q(decided_at__gte=since))
+    else:
+        rows = rows.filter(status=ApprovalStatus.PENDING)
+    counts: dict[int, list[int]] = {}
+    for run_pk, ancestry in rows.values_list("run_id", "run__ancestry"):
+        counts.setdefault(run_pk, [0, 0])[0] += 1
+        for pk in [*(ancestry or []), run_pk]:
+            counts.setdefault(pk, [0, 0])[1] += 1
+    return {pk: (own, sub) for pk, (own, sub) in counts.items()}
 
 
 def policy_of(run: Run) -> dict | None:

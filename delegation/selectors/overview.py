@@ -13,6 +13,7 @@ from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from delegation.models import Run, RunStatus
+from delegation.selectors.approvals import pending_count
 
 NANOS_PER_USD = 1_000_000_000
 FAILED = (RunStatus.FAILED, RunStatus.LOST)
@@ -49,6 +50,8 @@ def overview_numbers(now=None) -> dict:
         "liveRoots": Run.objects.filter(root__isnull=True, status=RunStatus.RUNNING).count(),
         "failedLastHour": failed["hour"],
         "failedLastDay": failed["day"],
+        # The same count as the navigation and GET /api/approvals?status=pending (SPEC §11).
+        "pendingApprovals": pending_count(),
         "costLastHourUsd": cost_hour / NANOS_PER_USD,
         "costLastDayUsd": sum(series) / NANOS_PER_USD,
         "runsByStatus": by_status,

@@ -6,6 +6,7 @@ from django.db.models import BigIntegerField, CharField, Count, F, Func, Max, Q
 from django.db.models.functions import Coalesce
 
 from delegation.models import TERMINAL_STATUSES, Lease, LeaseState, Run, RunRollup, RunStatus
+from delegation.selectors.approvals import pending_in_tree
 from delegation.selectors.events import millis
 from delegation.selectors.runs import (
     RUN_ROW_COLUMNS,
@@ -118,6 +119,7 @@ def tree_rows(top: Run, only_pks=None) -> list[dict]:
         leases.setdefault(lease["parent_run_id"], []).append(
             {"leaseId": lease["lease_id"], "expiresAt": millis(lease["expires_at"])}
         )
+    pending = pending_in_tree(root_pk)
     return [
         {
             "pk": row["pk"],
@@ -140,9 +142,15 @@ def tree_rows(top: Run, only_pks=None) -> list[dict]:
             "task": row["task"],
             "activity": row["activity"],
             "conclusionStatus": row["conclusion__status"],
+            **pending_fields(pending, row["pk"]),
         }
         for row in values
     ]
+
+
+def pending_fields(pending: dict, pk: int) -> dict:
+    own, sub = pending.get(pk, (0, 0))
+    return {"pendingApprovals": own, "subPendingApprovals": sub}
 
 
 # What a tree row shows of its rollup and budget: only figures that change when rows commit
@@ -225,6 +233,8 @@ def tree_rows_changed(top_pk: int, only_pks=None, since=None) -> list[dict]:
         .filter(Q(created_at__gte=since) | Q(ended_at__gte=since))
         .values_list("parent_run_id", flat=True)
     )
+    # A request or decision moves the counts of the run and of every ancestor.
+    pks.update(pending_in_tree(tree_root_pk(top), since=since))
     return tree_rows(top, pks)
 
 
@@ -489,7 +499,7 @@ def tree_chunk(top_pk: int, after=None, limit: int = 5000, keep=None):
     return columns, last, keep
 
 
-def column_rows(columns: dict, leases: dict, ids: dict) -> list[dict]:
+def column_rows(columns: dict, leases: dict, ids: dict, pending=None) -> list[dict]:
     """A chunk's columns as the row objects of ``tree_rows``; ``ids`` maps pk to runId and
     must already hold every parent (chunks come parents first)."""
     out = []
@@ -500,6 +510,7 @@ def column_rows(columns: dict, leases: dict, ids: dict) -> list[dict]:
         parent = row["parentPk"]
         row["parentRunId"] = ids.get(parent, "") if parent else ""
         row["leases"] = leases.get(row["pk"], [])
+        row.update(pending_fields(pending or {}, row["pk"]))
         out.append(row)
     return out
 

@@ -74,6 +74,7 @@ def test_it_shows_overview_numbers_equal_to_the_rest_counts(server, runner, brow
         "liveRuns": str(rest["liveRuns"]),
         "failedLastHour": str(rest["failedLastHour"]),
         "failedLastDay": str(rest["failedLastDay"]),
+        "pendingApprovals": str(rest["pendingApprovals"]),
         "costLastHourUsd": f"${rest['costLastHourUsd']:.4f}",
         "costLastDayUsd": f"${rest['costLastDayUsd']:.4f}",
     }

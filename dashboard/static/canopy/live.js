@@ -230,6 +230,9 @@ export function decodeColumns(frame) {
     const row = {};
     for (const name of names) row[name] = cols[name][i];
     row.leases = frame.leases[row.pk] || [];
+    const [own, sub] = (frame.approvals || {})[row.pk] || [0, 0];
+    row.pendingApprovals = own;
+    row.subPendingApprovals = sub;
     rows[i] = row;
   }
   return rows;

@@ -55,7 +55,7 @@ function apply(data) {
     const name = card.dataset.stat;
     const value = card.querySelector("[data-role=value]");
     value.textContent = name.startsWith("cost") ? money(data[name]) : String(data[name]);
-    if (name.startsWith("failed")) value.classList.toggle("stat-bad", data[name] > 0);
+    if (name.startsWith("failed") || name === "pendingApprovals") value.classList.toggle("stat-bad", data[name] > 0);
   }
   const roots = root.querySelector("[data-role=liveRoots]");
   if (roots) roots.textContent = String(data.liveRoots);

@@ -364,6 +364,8 @@ export class TreeView extends EventTarget {
     if (row.refusedSpawns) markers.append(el("span", { class: "mark mark-refused", title: "spawns refused by the depth cap", "data-refused": row.refusedSpawns }, `⊘ ${row.refusedSpawns} refused`));
     if (row.cancelRequested && !TERMINAL.has(row.status)) markers.append(el("span", { class: "mark mark-cancel" }, "cancelling"));
     if (row.budget) markers.append(budgetMarker(row));
+    // SPEC §11: approvals waiting on this run, and below it (the subtree count includes its own).
+    if (row.subPendingApprovals) markers.append(approvalMarker(row));
     // Issue 24: what the run concluded (SPEC §9 Conclusions).
     if (row.conclusionStatus) markers.append(el("span", { class: `mark mark-conclusion conclusion-${row.conclusionStatus}`, title: `concluded: ${row.conclusionStatus}`, "data-conclusion": row.conclusionStatus }, `${CONCLUSION_MARKS[row.conclusionStatus] || "•"} ${row.conclusionStatus}`));
     node.replaceChildren(
@@ -509,6 +511,22 @@ function budgetMarker(row) {
     bar,
     ` ${text}`,
   );
+}
+
+// The row's approvals marker: the subtree's waiting count, and for the run's own a way to decide
+// the oldest one (tree-approvals.js posts it; the buttons exist only for operators, and the
+// server refuses a viewer anyway).
+function approvalMarker(row) {
+  const own = row.pendingApprovals || 0;
+  const sub = row.subPendingApprovals || 0;
+  const title = `${own} approval${own === 1 ? "" : "s"} waiting on this run, ${sub} in its subtree`;
+  const mark = el("span", { class: "mark mark-approval", "data-role": "approvals", "data-pending": own, "data-sub-pending": sub, title }, `⏸ ${sub} waiting`);
+  if (own && document.body.dataset.canAct === "1") {
+    for (const [action, label] of [["allow", "Allow"], ["deny", "Deny…"]]) {
+      mark.append(el("button", { class: `btn btn-xs${action === "deny" ? " btn-danger" : ""}`, type: "button", tabindex: "-1", "data-approval-action": action, "data-run-id": row.runId }, label));
+    }
+  }
+  return mark;
 }
 
 TreeView.versions = 0;
