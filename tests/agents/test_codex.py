@@ -16,7 +16,12 @@ from tests.support.agents.delegating import (
     check_capped_pair,
     group_alive,
 )
-from tests.support.agents.other_clis import STUB_KEY, agent_bin, codex_provider_args
+from tests.support.agents.other_clis import (
+    CODEX_MODEL,
+    STUB_KEY,
+    agent_bin,
+    codex_provider_args,
+)
 from tests.support.agents.wire_stubs import ResponsesStub
 from tests.support.real_agents import readme_presets
 
@@ -38,9 +43,16 @@ def codex_preset(model_url: str, **changes) -> dict:
 def check_tree(root_id):
     tree = check_capped_pair(root_id, DELEGATE)
     assert tree[1][0].output.startswith("L1 did it itself (refused:")
-    for _run, _events, usage in tree.values():
-        # codex exec --json names no model: its usage is unpriced, never $0.
-        assert usage[0]["costSource"] == "unpriced" and "costUsd" not in usage[0]
+    for _run, events, usage in tree.values():
+        # codex exec --json names no model: the one its command line names (-c model=...)
+        # prices it from the table.
+        assert usage[0]["model"] == CODEX_MODEL, usage[0]
+        assert usage[0]["costSource"] == "table" and float(usage[0]["costUsd"]) > 0, usage[0]
+        # Its "Reading additional input from stdin..." notice informs, it is no error.
+        errors = [e.error for e in events if e.kind == "error"]
+        assert not [m for m in errors if "Reading additional input" in (m or "")], errors
+        logs = [e.text or "" for e in events if e.kind == "log"]
+        assert [m for m in logs if m.startswith("Reading additional input")], logs
 
 
 @pytest.mark.usefixtures("no_declared_level", "close_worker_connections", "shipped_prices")
