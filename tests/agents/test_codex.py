@@ -13,6 +13,7 @@ from delegation.runner.command import CommandEngine, CommandPreset
 from tests.support.agents.delegating import (
     AgentTree,
     DelegateScript,
+    check_cancel_leaves_no_process,
     check_capped_pair,
     group_alive,
 )
@@ -74,4 +75,20 @@ async def test_it_runs_a_tree_of_real_codex_processes_that_delegate_through_mcp(
             assert not [t for t in tree.tokens if t in server.log()]
         # The model never saw a WebSocket attempt (SSE only) and no other path.
         assert stub.unknown == [] and not stub.script_errors
+    assert not list(tmp_path.glob("canopy-*"))
+
+
+@pytest.mark.usefixtures("no_declared_level", "close_worker_connections")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(120)
+async def test_it_cancels_a_real_codex_child_leaving_no_process_and_refuses_its_steer(
+    daphne_factory, tmp_path
+):
+    server = daphne_factory()
+    script = DelegateScript(DELEGATE, "codex", hold=0)  # its model never answers
+    with ResponsesStub(script) as stub:
+        preset = CommandPreset.from_config(codex_preset(stub.url, cancelGraceSeconds=2))
+        engine = CommandEngine([preset], str(tmp_path))
+        async with AgentTree(server, engine, "codex-cancel") as tree:
+            await check_cancel_leaves_no_process(tree, script, "codex")
     assert not list(tmp_path.glob("canopy-*"))

@@ -175,3 +175,36 @@ def check_capped_pair(root_id, delegate: str) -> dict[int, tuple[Run, list[Event
     assert child.via == "mcp" and child.parent.run_id == root_id
     assert "delegation-refused" in [e.kind for e in out[1][1]]
     return out
+
+
+async def check_cancel_leaves_no_process(tree: AgentTree, script: DelegateScript, profile: str):
+    """Start one ``profile`` child whose model turn ``script`` holds (``hold=0``), cancel it:
+    the child ends ``cancelled``, its steer is refused (``promptRequired``) and nothing of its
+    process group is left."""
+    c, ext, gen = tree.host.client, tree.host.extension_id, tree.host.generation
+    await c.open_run("conv", "parent")
+    child = await c.child_start(
+        "parent", ext, gen, {"requestId": "r1", "profile": profile, "message": "x"}
+    )
+    await wait_for(lambda: _now(script.held.is_set()), what=f"{profile}'s model turn")
+    ctx = tree.host.runs[child.run_id]
+    assert await tree.engine.steer(ctx, "more") == "promptRequired"
+    (pid,) = tree.pids.values()
+    assert group_alive(pid)
+    await c.child_cancel("parent", ext, gen, child.child_id)
+    script.released.set()
+    done = await wait_for(
+        lambda: _done(c.child_read("parent", ext, gen, child.child_id)), what="cancel"
+    )
+    assert done.status == "cancelled"
+    await wait_for(lambda: _now(not group_alive(pid)), what="the process group")
+    await c.finish("parent", output="ok")
+
+
+async def _now(value):
+    return value
+
+
+async def _done(result):
+    result = await result
+    return result if result.done else None
