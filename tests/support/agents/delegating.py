@@ -177,10 +177,12 @@ def check_capped_pair(root_id, delegate: str) -> dict[int, tuple[Run, list[Event
     return out
 
 
-async def check_cancel_leaves_no_process(tree: AgentTree, script: DelegateScript, profile: str):
+async def check_cancel_leaves_no_process(
+    tree: AgentTree, script: DelegateScript, profile: str, steer: str = "promptRequired"
+):
     """Start one ``profile`` child whose model turn ``script`` holds (``hold=0``), cancel it:
-    the child ends ``cancelled``, its steer is refused (``promptRequired``) and nothing of its
-    process group is left."""
+    the child ends ``cancelled``, nothing of its process group is left and a steer after the
+    cancel is refused (``promptRequired``); ``steer`` is the answer to one before it."""
     c, ext, gen = tree.host.client, tree.host.extension_id, tree.host.generation
     await c.open_run("conv", "parent")
     child = await c.child_start(
@@ -188,7 +190,7 @@ async def check_cancel_leaves_no_process(tree: AgentTree, script: DelegateScript
     )
     await wait_for(lambda: _now(script.held.is_set()), what=f"{profile}'s model turn")
     ctx = tree.host.runs[child.run_id]
-    assert await tree.engine.steer(ctx, "more") == "promptRequired"
+    assert await tree.engine.steer(ctx, "more") == steer
     (pid,) = tree.pids.values()
     assert group_alive(pid)
     await c.child_cancel("parent", ext, gen, child.child_id)
@@ -198,6 +200,7 @@ async def check_cancel_leaves_no_process(tree: AgentTree, script: DelegateScript
     )
     assert done.status == "cancelled"
     await wait_for(lambda: _now(not group_alive(pid)), what="the process group")
+    assert await tree.engine.steer(ctx, "too late") == "promptRequired"
     await c.finish("parent", output="ok")
 
 
