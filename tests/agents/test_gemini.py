@@ -76,7 +76,7 @@ async def test_it_runs_a_tree_of_real_gemini_processes_that_delegate_through_mcp
             await tree.host.wait(root.run_id, timeout=150)
             await sync_to_async(check_tree)(root.run_id)
             assert len(tree.pids) == 2 and not any(map(group_alive, tree.pids.values()))
-            assert tree.tokens and not tree.leaked_on_argv()
+            assert tree.tokens and not await sync_to_async(tree.leaked)()
         assert not stub.script_errors
     assert not list(tmp_path.glob("canopy-*"))
 

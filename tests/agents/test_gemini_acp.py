@@ -61,7 +61,7 @@ async def test_it_runs_real_gemini_acp_children_that_delegate_through_mcp(daphne
             await tree.host.wait(root.run_id, timeout=150)
             await sync_to_async(check_tree)(root.run_id)
             assert tree.pids and not any(map(group_alive, tree.pids.values()))
-            assert not tree.leaked_on_argv()
+            assert tree.tokens and not await sync_to_async(tree.leaked)()
         assert not stub.script_errors
 
 

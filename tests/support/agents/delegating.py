@@ -13,6 +13,7 @@ process's argv while the tree runs, so a test can say no run token was on any co
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import threading
@@ -137,6 +138,8 @@ class AgentTree:
             if ctx.data.get("run_token"):
                 self.tokens.add(ctx.data["run_token"])
             while not task.done():  # argv of every process while this child runs
+                if ctx.data.get("run_token"):  # an ACP child gets its own at session/new
+                    self.tokens.add(ctx.data["run_token"])
                 self.argv_tokens |= await asyncio.to_thread(tokens_on_argv)
                 await asyncio.wait([task], timeout=0.3)
             return await task
@@ -150,6 +153,17 @@ class AgentTree:
 
     def leaked_on_argv(self) -> set[bytes]:
         return {t for t in self.argv_tokens if t.decode() in self.tokens}
+
+    def leaked(self) -> list[str]:
+        """Where a child's run token showed: any argv while it ran, the server's log, or any
+        stored event (text, error, input, output, data) of any run."""
+        found = [f"argv {t!r}" for t in self.leaked_on_argv()]
+        log = self.server.log()
+        found += [f"server log {t[:6]}" for t in self.tokens if t in log]
+        for ev in Event.objects.all():
+            stored = json.dumps([ev.text, ev.error, ev.input, ev.tool_output, ev.data], default=str)
+            found += [f"event {ev.kind} {t[:6]}" for t in self.tokens if t in stored]
+        return found
 
 
 def check_capped_pair(root_id, delegate: str) -> dict[int, tuple[Run, list[Event], list]]:
