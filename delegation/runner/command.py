@@ -13,7 +13,8 @@ line; for each child the engine:
 - turns each stdout line into events by the preset's ``format`` (:mod:`delegation.runner.
   formats`): ``lines`` (a JSON object with a string ``kind`` is a structured event, any other
   line a ``text`` event), or a real agent's own records (``claude-stream-json``,
-  ``codex-json``, ``gemini-stream-json``); each stderr line is an ``error`` event;
+  ``codex-json``, ``gemini-stream-json``); each stderr line is an ``error`` event, except
+  the lines a format knows to be informational (stored as ``log``);
 - writes each steer to the process's stdin as one line;
 - on a cancel sends SIGTERM to the process group, then SIGKILL after the preset's grace period;
 - turns the exit status into the run's result (0) or error (anything else).
@@ -43,7 +44,7 @@ from typing import Any
 
 from delegation.client import ClientError, RpcError, event
 from delegation.runner import process as proc
-from delegation.runner.formats import FORMATS, make_format
+from delegation.runner.formats import FORMATS, make_format, model_from_argv
 from delegation.runner.host import Outcome, RunContext
 from delegation.runner.mcpconfig import (
     CODEX_TOKEN_ENV,
@@ -253,9 +254,10 @@ class CommandEngine(PresetEngine):
         # One agent process from spawn to outcome: output, steering and cancellation share
         # the process and its reader, so they are driven here together.
         mcp_path = ctx.data.get("mcp_config_inside") or (config.path if config else "")
+        argv = self.argv(ctx, preset, cwd, mcp_path)
         process = await proc.spawn(
             preset,
-            self.argv(ctx, preset, cwd, mcp_path),
+            argv,
             workspace=self.workspace,
             cwd=cwd,
             env=self.environment(ctx, preset, cwd, mcp_path),
@@ -270,6 +272,7 @@ class CommandEngine(PresetEngine):
             "format": make_format(preset.format),
             "secret": ctx.data.get("run_token"),
         }
+        state["format"].model = model_from_argv(argv)
         if preset.steer_format == "none":
             # It reads no steers; an open stdin would make some CLIs (codex exec) wait on it.
             process.stdin.close()
@@ -342,8 +345,12 @@ class CommandEngine(PresetEngine):
             line = redact(raw.decode("utf-8", errors="replace").rstrip("\r\n"), state["secret"])
             if which == "stderr":
                 if line.strip():
-                    state["last_stderr"] = line
-                    queue.put_nowait(event("error", error=line))
+                    stderr_ev = state["format"].stderr_event(line)
+                    if stderr_ev is None:
+                        queue.put_nowait(event("log", line))
+                    else:
+                        state["last_stderr"] = line
+                        queue.put_nowait(stderr_ev)
                 continue
             for ev in state["format"].feed(line):
                 queue.put_nowait(ev)

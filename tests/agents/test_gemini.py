@@ -15,6 +15,7 @@ from delegation.runner.formats import make_format
 from tests.support.agents.delegating import (
     AgentTree,
     DelegateScript,
+    check_cancel_leaves_no_process,
     check_capped_pair,
     group_alive,
 )
@@ -46,12 +47,13 @@ def test_it_maps_gemini_clis_recorded_tool_call():
     assert events[6]["input"]["model"] == GEMINI_MODEL and "costUsd" not in events[6]["input"]
 
 
-def gemini_preset(model_url: str) -> dict:
+def gemini_preset(model_url: str, **changes) -> dict:
     preset = next(p for p in readme_presets()["presets"] if p["name"] == "gemini")
     preset = json.loads(json.dumps(preset))
     preset["command"][0] = agent_bin("gemini")
     preset["command"][1:1] = ["--model", GEMINI_MODEL]
     preset["env"] = {**preset.get("env", {}), **gemini_env(model_url)}
+    preset.update(changes)
     return preset
 
 
@@ -74,6 +76,22 @@ async def test_it_runs_a_tree_of_real_gemini_processes_that_delegate_through_mcp
             await tree.host.wait(root.run_id, timeout=150)
             await sync_to_async(check_tree)(root.run_id)
             assert len(tree.pids) == 2 and not any(map(group_alive, tree.pids.values()))
-            assert tree.tokens and not tree.leaked_on_argv()
+            assert tree.tokens and not await sync_to_async(tree.leaked)()
         assert not stub.script_errors
+    assert not list(tmp_path.glob("canopy-*"))
+
+
+@pytest.mark.usefixtures("no_declared_level", "close_worker_connections")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(120)
+async def test_it_cancels_a_real_gemini_child_leaving_no_process_and_refuses_its_steer(
+    daphne_factory, tmp_path
+):
+    server = daphne_factory()
+    script = DelegateScript(DELEGATE, "gemini", hold=0)  # its model never answers
+    with GeminiStub(script) as stub:
+        preset = CommandPreset.from_config(gemini_preset(stub.url, cancelGraceSeconds=2))
+        engine = CommandEngine([preset], str(tmp_path))
+        async with AgentTree(server, engine, "gemini-cancel") as tree:
+            await check_cancel_leaves_no_process(tree, script, "gemini")
     assert not list(tmp_path.glob("canopy-*"))

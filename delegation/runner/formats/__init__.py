@@ -41,6 +41,7 @@ from delegation.runner.formats.base import (
     Format,
     clip,
     cut,
+    model_from_argv,
     read_lines,
     usage_event,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "clip",
     "cut",
     "make_format",
+    "model_from_argv",
     "read_lines",
     "usage_event",
 ]

@@ -113,8 +113,13 @@ class Format:
     """One agent's output format. Subclasses handle parsed records in :meth:`record`."""
 
     name = ""
+    # Stderr lines (by prefix) the agent prints to inform, not to fail: stored as ``log``.
+    informational_stderr: tuple[str, ...] = ()
 
     def __init__(self) -> None:
+        # The model the run's command line names (``-m``/``--model``/``-c model=``), for an
+        # agent whose records name none: the price table can still price its usage.
+        self.model: str | None = None
         self.result_text: str | None = None  # the agent's own final answer, when it gives one
         self.failure: str | None = None  # the agent's own reason for failing
         self.last_text: str | None = None
@@ -169,6 +174,12 @@ class Format:
         """Events from the file the agent wrote at ``{usageFile}`` (read once it exited)."""
         return []
 
+    def stderr_event(self, line: str) -> dict | None:
+        """The event for one stderr line; None for an informational one (see ``log``)."""
+        if line.startswith(self.informational_stderr) and self.informational_stderr:
+            return None
+        return event("error", error=line)
+
     def note_text(self, text: str) -> None:
         if text.strip():
             self.last_text = text
@@ -187,6 +198,21 @@ class Format:
         if detail:
             reason += f": {detail[:500]}"
         return Outcome(error=reason)
+
+
+def model_from_argv(argv: list[str]) -> str | None:
+    """The model a command line names: ``-m X``, ``--model X``, ``--model=X`` or a Codex
+    ``-c model="X"`` override; the last one wins, as in the CLIs."""
+    found = None
+    for i, arg in enumerate(argv):
+        nxt = argv[i + 1] if i + 1 < len(argv) else ""
+        if arg in ("-m", "--model") and nxt:
+            found = nxt
+        elif arg.startswith("--model="):
+            found = arg.split("=", 1)[1]
+        elif arg in ("-c", "--config") and nxt.replace(" ", "").startswith("model="):
+            found = nxt.split("=", 1)[1].strip().strip("\"'")
+    return found or None
 
 
 async def read_lines(reader, max_line: int = MAX_PARSE_BYTES, chunk: int = 64 * 1024):

@@ -15,6 +15,8 @@ class CodexJson(Format):
     """``codex exec --json``: thread, turn and item events."""
 
     name = "codex-json"
+    # codex exec says so whenever stdin is not a terminal, even a closed one: not a failure.
+    informational_stderr = ("Reading additional input from stdin",)
 
     def __init__(self) -> None:
         super().__init__()
@@ -35,6 +37,8 @@ class CodexJson(Format):
                 usage.get("input_tokens", 0),
                 usage.get("output_tokens", 0),
                 cache_read=usage.get("cached_input_tokens"),
+                # its records name no model: the one its command line names prices it.
+                model=self.model,
             )
             return [used] if used is not None else []
         if kind == "turn.failed":

@@ -13,6 +13,7 @@ process's argv while the tree runs, so a test can say no run token was on any co
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import threading
@@ -153,6 +154,8 @@ class AgentTree:
             if ctx.data.get("run_token"):
                 self.tokens.add(ctx.data["run_token"])
             while not task.done():  # argv of every process while this child runs
+                if ctx.data.get("run_token"):  # an ACP child gets its own at session/new
+                    self.tokens.add(ctx.data["run_token"])
                 self.argv_tokens |= await asyncio.to_thread(tokens_on_argv)
                 await asyncio.wait([task], timeout=0.3)
             return await task
@@ -166,6 +169,17 @@ class AgentTree:
 
     def leaked_on_argv(self) -> set[bytes]:
         return {t for t in self.argv_tokens if t.decode() in self.tokens}
+
+    def leaked(self) -> list[str]:
+        """Where a child's run token showed: any argv while it ran, the server's log, or any
+        stored event (text, error, input, output, data) of any run."""
+        found = [f"argv {t!r}" for t in self.leaked_on_argv()]
+        log = self.server.log()
+        found += [f"server log {t[:6]}" for t in self.tokens if t in log]
+        for ev in Event.objects.all():
+            stored = json.dumps([ev.text, ev.error, ev.input, ev.tool_output, ev.data], default=str)
+            found += [f"event {ev.kind} {t[:6]}" for t in self.tokens if t in stored]
+        return found
 
 
 def check_capped_pair(root_id, delegate: str) -> dict[int, tuple[Run, list[Event], list]]:
@@ -191,3 +205,39 @@ def check_capped_pair(root_id, delegate: str) -> dict[int, tuple[Run, list[Event
     assert child.via == "mcp" and child.parent.run_id == root_id
     assert "delegation-refused" in [e.kind for e in out[1][1]]
     return out
+
+
+async def check_cancel_leaves_no_process(
+    tree: AgentTree, script: DelegateScript, profile: str, steer: str = "promptRequired"
+):
+    """Start one ``profile`` child whose model turn ``script`` holds (``hold=0``), cancel it:
+    the child ends ``cancelled``, nothing of its process group is left and a steer after the
+    cancel is refused (``promptRequired``); ``steer`` is the answer to one before it."""
+    c, ext, gen = tree.host.client, tree.host.extension_id, tree.host.generation
+    await c.open_run("conv", "parent")
+    child = await c.child_start(
+        "parent", ext, gen, {"requestId": "r1", "profile": profile, "message": "x"}
+    )
+    await wait_for(lambda: _now(script.held.is_set()), what=f"{profile}'s model turn")
+    ctx = tree.host.runs[child.run_id]
+    assert await tree.engine.steer(ctx, "more") == steer
+    (pid,) = tree.pids.values()
+    assert group_alive(pid)
+    await c.child_cancel("parent", ext, gen, child.child_id)
+    script.released.set()
+    done = await wait_for(
+        lambda: _done(c.child_read("parent", ext, gen, child.child_id)), what="cancel"
+    )
+    assert done.status == "cancelled"
+    await wait_for(lambda: _now(not group_alive(pid)), what="the process group")
+    assert await tree.engine.steer(ctx, "too late") == "promptRequired"
+    await c.finish("parent", output="ok")
+
+
+async def _now(value):
+    return value
+
+
+async def _done(result):
+    result = await result
+    return result if result.done else None
