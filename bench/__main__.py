@@ -5,7 +5,7 @@ python -m bench ingest read    # a subset (``rollups``: only the rollups on/off 
 
 Each measure is its own module (``bench.ingest``, ``bench.read``, ``bench.push``,
 ``bench.memory``, ``bench.tree``, ``bench.budget_stop``, ``bench.mcp``, ``bench.sandbox``,
-``bench.traces``, ``bench.fleet``); ``bench.table`` holds the figures.
+``bench.traces``, ``bench.fleet``, ``bench.fleet10k``); ``bench.table`` holds the figures.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ STEPS = {
     # Issue 28: a retention pass's rows/s, and ingest during it vs without.
     "retention": lambda: __import__("bench.retention").retention.retention(),
     "fleet": lambda: fleet.main([]),
+    # Issue 26 item 4: 1,000 runner sockets x 10 runs at 1 event/s each, two processes.
+    "fleet10k": lambda: __import__("bench.fleet10k").fleet10k.fleet10k(),
     # Approvals (issue 22): decision-to-tool latency on one and two processes, 200 waiting.
     "approvals": lambda: results.update(
         {k: round(v, 1) for k, v in __import__("bench.approvals").approvals.measure().items()}
@@ -57,6 +59,7 @@ DEFAULT_STEPS = [
     "sandbox",
     "traces",
     "fleet",
+    "fleet10k",
 ]
 
 

@@ -5,6 +5,7 @@ python -m bench.seed driver-ceiling --rows N --batch B [--writers W]
 python -m bench.seed big-run --events N
 python -m bench.seed tree --runs N
 python -m bench.seed subtree --run RUN_ID
+python -m bench.seed runners --runs N      # N runner tokens, one per fleet socket
 """
 
 from __future__ import annotations
@@ -206,6 +207,12 @@ def tree(runs: int) -> dict:
     return {"root": "tree-root", "runs": made, **operator()}
 
 
+def runners_tokens(count: int) -> dict:
+    """``count`` runners, one token each: a runner has one current connection (``register``
+    fences the older ones), so a fleet of sockets needs a runner per socket."""
+    return {"tokens": [tokens.create_runner(f"fleet-{i}")[1] for i in range(count)]}
+
+
 def operator() -> dict:
     """An operator account with an API token, for live sockets and pages."""
     from django.contrib.auth.models import Group, User
@@ -320,6 +327,8 @@ def main():
         result = big_run(args.events)
     elif args.step == "tree":
         result = tree(args.runs)
+    elif args.step == "runners":
+        result = runners_tokens(args.runs)
     elif args.step == "operator":
         result = operator()
     elif args.step == "subtree":

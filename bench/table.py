@@ -62,6 +62,11 @@ TARGETS = [
     ("fleet_4p_200w_200r_process_doorbells_taken_per_event", "<=", 4),
     ("fleet_2p_20w_200r_process_live_reads_per_event_per_process", "<=", 1),
     ("fleet_4p_200w_200r_process_live_reads_per_event_per_process", "<=", 1),
+    # Issue 26 (bench.fleet10k): 10,000 agents on 1,000 runner sockets over two processes.
+    ("fleet10k_1000s_10r_2p_answer_p99_ms", "<=", 250),
+    ("fleet10k_1000s_10r_2p_refused", "<=", 0),
+    ("fleet10k_1000s_10r_2p_unanswered_after_60s", "<=", 0),
+    ("fleet10k_1000s_10r_2p_rss_mb_max_per_process", "<=", 1024),
 ]
 
 
