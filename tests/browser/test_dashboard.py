@@ -33,17 +33,17 @@ pytestmark = [
 DAPHNE_ENV = {"LIVE_HEARTBEAT_SECONDS": "1"}
 
 
-# The cancel report's last cells whose chip reaches past its cell, or whose cell reaches past
-# the report's card without a sideways scroll to reach it.
+# The cancel report's last cells whose content (chip, "stopped after …") is cut by the cell, or
+# whose cell reaches past the report's card without a sideways scroll to reach it.
 _CLIPPED_REPORT_CELLS = """() => {
   const card = document.getElementById('cancel-report');
   const scroller = card.querySelector('.report-scroll') || card;
   const edge = card.getBoundingClientRect().right;
   const scrolls = scroller.scrollWidth > scroller.clientWidth && getComputedStyle(scroller).overflowX === 'auto';
   return [...card.querySelectorAll('tbody tr')].flatMap((row) => {
-    const cell = row.lastElementChild, chip = cell.querySelector('.chip') || cell;
-    const c = cell.getBoundingClientRect(), k = chip.getBoundingClientRect();
-    return k.right > c.right + 0.5 || (c.right > edge + 0.5 && !scrolls) ? [row.dataset.reportRun] : [];
+    const cell = row.lastElementChild, c = cell.getBoundingClientRect();
+    const cut = cell.scrollWidth > cell.clientWidth + 1;
+    return cut || (c.right > edge + 0.5 && !scrolls) ? [row.dataset.reportRun] : [];
   });
 }"""
 
