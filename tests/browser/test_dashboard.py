@@ -33,6 +33,21 @@ pytestmark = [
 DAPHNE_ENV = {"LIVE_HEARTBEAT_SECONDS": "1"}
 
 
+# The cancel report's last cells whose content (chip, "stopped after …") is cut by the cell, or
+# whose cell reaches past the report's card without a sideways scroll to reach it.
+_CLIPPED_REPORT_CELLS = """() => {
+  const card = document.getElementById('cancel-report');
+  const scroller = card.querySelector('.report-scroll') || card;
+  const edge = card.getBoundingClientRect().right;
+  const scrolls = scroller.scrollWidth > scroller.clientWidth && getComputedStyle(scroller).overflowX === 'auto';
+  return [...card.querySelectorAll('tbody tr')].flatMap((row) => {
+    const cell = row.lastElementChild, c = cell.getBoundingClientRect();
+    const cut = cell.scrollWidth > cell.clientWidth + 1;
+    return cut || (c.right > edge + 0.5 && !scrolls) ? [row.dataset.reportRun] : [];
+  });
+}"""
+
+
 def test_it_signs_in_watches_a_tree_grow_and_a_run_stream_live(server, runner, browser, operator):
     page = browser()
     sign_in(page, server.http_url, operator.username, PASSWORD)
@@ -115,6 +130,11 @@ def test_it_steers_a_running_child_and_cancels_a_subtree(server, runner, browser
         )
         wait_status(page, run_id, "cancelled", "#subtree")
     assert "stopped" in page.text_content(f'#cancel-report [data-report-run="{grandchildren[0]}"]')
+    # The report's last column fits its chips (or scrolls), clipped at no width.
+    for width in (1024, 1440):
+        page.set_viewport_size({"width": width, "height": 800})
+        clipped = page.evaluate(_CLIPPED_REPORT_CELLS)
+        assert clipped == [], f"cancel report cells clipped at {width} px: {clipped}"
     assert Run.objects.filter(status="cancelled").count() == 4
     entry = AuditEntry.objects.get(action="cancel-subtree")
     assert entry.actor == "user:olga" and entry.reason == "runaway tree"

@@ -48,6 +48,38 @@ def wait_js(page, expression: str, timeout: float = 15000):
         time.sleep(0.05)
 
 
+# Every control of the filter bar as [what, top, height, centre] and every label's centre
+# against its own control's centre: rows of controls must share one top and one height.
+_FILTER_BAR_BOXES = """() => {
+  const box = (e) => e.getBoundingClientRect();
+  const controls = [...document.querySelectorAll(
+    '#tree-tools .btn, #tree-tools input[type=search], #tree-tools input[type=number]')]
+    .map((e) => { const r = box(e); return [e.id || e.textContent.trim(), r.top, r.height]; });
+  const labels = [...document.querySelectorAll('#tree-tools label')].map((l) => {
+    const r = box(l), i = box(l.querySelector('input'));
+    return [l.textContent.trim(), r.top + r.height / 2, i.top + i.height / 2];
+  });
+  return { controls, labels };
+}"""
+
+
+def assert_filter_bar_aligned(page):
+    found = page.evaluate(_FILTER_BAR_BOXES)
+    controls = found["controls"]
+    assert len(controls) >= 4, controls
+    heights = {round(height) for _, _, height in controls}
+    assert max(heights) - min(heights) <= 1, f"filter bar controls differ in height: {controls}"
+    rows = []
+    for name, top, height in sorted(controls, key=lambda c: c[1]):
+        if rows and abs(top - rows[-1][0]) <= 1:
+            continue
+        # A control not on the row above starts a clean new row below it, never half-way.
+        assert not rows or top >= rows[-1][0] + height, f"{name} overlaps a row: {controls}"
+        rows.append((top, name))
+    for text, label_mid, input_mid in found["labels"]:
+        assert abs(label_mid - input_mid) <= 2, f"label {text!r} is off its control's line"
+
+
 def _millis(value) -> int:
     return int(value.timestamp() * 1000)
 
@@ -103,6 +135,10 @@ def test_it_filters_by_status_and_depth_and_keeps_ancestors(server, runner, brow
         index = tree["parents"][index]
     page = browser()
     _open_tree(page, server, operator, tree["root"])
+    # The filter bar is one aligned row, and wraps cleanly where it must.
+    for width in (1024, 1440):
+        page.set_viewport_size({"width": width, "height": 800})
+        assert_filter_bar_aligned(page)
     page.check('#status-filter input[value="failed"]')
     wait_js(page, f"document.querySelectorAll('{ROWS}').length === {len(chain)}")
     shown = page.eval_on_selector_all(ROWS, "els => els.map(e => e.dataset.runId)")
