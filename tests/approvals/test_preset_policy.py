@@ -10,11 +10,12 @@ import httpx
 import pytest
 from asgiref.sync import sync_to_async
 
+from delegation.runner import model_stub
 from delegation.runner.acp import AcpEngine, AcpPreset
 from delegation.runner.host import RunnerHost
 from delegation.services import tokens
 from tests.approvals.test_acp_approvals import _script
-from tests.support.agents import claude_cli, model_stub
+from tests.support.agents import claude_cli
 from tests.support.runners import FAST
 
 pytestmark = [

@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from delegation.models import Approval
+from delegation.runner.model_stub import ModelStub, Steps
 from tests.support.agents.claude_cli import run_claude
-from tests.support.agents.model_stub import ModelStub, Steps
 from tests.support.browser import needs_chromium, sign_in
 from tests.support.personas import PASSWORD
 
