@@ -1,7 +1,7 @@
 """The approvals inbox (SPEC §11): every pending approval across trees, oldest first.
 
-The page renders what is pending now; ``inbox.js`` then follows ``/api/approvals`` and
-decides through ``POST /api/approvals/{approvalId}/decision`` (the session and its CSRF
+The page renders what is pending now; ``inbox.js`` then re-reads ``/api/approvals`` whenever
+the live socket's approvals doorbell rings (``dashboard.live.approvals``) and decides through ``POST /api/approvals/{approvalId}/decision`` (the session and its CSRF
 token), the one service every door calls, so a decision here is audited like any other.
 """
 

@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 RUNNERS_GROUP = "runners"
 TREES_GROUP = "trees"
+# Every pending approval across trees (the inbox): one group, viewer-visible, content-free.
+APPROVALS_GROUP = "approvals"
 
 
 def run_group(run_pk: int) -> str:
@@ -131,3 +133,12 @@ def runner_changed(runner_pk: int) -> None:
     transaction.on_commit(
         lambda: _send(RUNNERS_GROUP, {"type": "runner.changed", "runner": runner_pk})
     )
+
+
+def approvals_changed() -> None:
+    """Tell the inboxes that an approval was requested, decided or expired.
+
+    The ring carries no approval content: a watcher reads the list back through
+    ``/api/approvals``, whose rules decide what it may see.
+    """
+    transaction.on_commit(lambda: _send(APPROVALS_GROUP, {"type": "approvals.changed"}))

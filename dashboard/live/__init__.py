@@ -3,7 +3,7 @@
 Modules: ``frames`` (the frames in and out, parsed strictly), ``gate`` (Origin, session and
 bearer-token checks), ``consumer`` (the ASGI handler: handshake, frames in, doorbells in),
 ``connection`` (one socket's state and its worker: sends, heartbeats, re-auth), one module per
-subscription kind (``runs``, ``trees``, ``overview``, ``runners``), ``caps`` (limits per user
+subscription kind (``runs``, ``trees``, ``overview``, ``runners``, ``approvals``), ``caps`` (limits per user
 and socket), ``read_cache`` (reads shared by the sockets of a process) and ``backpressure``
 (pausing for a client that stopped reading). Reads come from ``delegation.selectors``; close
 codes and bearer parsing from ``delegation.protocol``.
@@ -36,16 +36,20 @@ wrong types and nulls are refused; the error names the field). Client to server:
     frame whenever a top-level run opens.
 ``{"type": "subscribe", "runners": true}``
     ``runners`` frames with every runner's connection state, now and on every change.
+``{"type": "subscribe", "approvals": true}``
+    For the approvals inbox (any viewer): an ``approvals`` frame (``pending``, the number of
+    approvals waiting) now and after every request, decision or expiry commits; the client
+    reads the list through ``GET /api/approvals``.
 ``{"type": "unsubscribe", ...}``
     The same keys as the subscription to drop (``runId``, ``treeId``, ``roots``,
-    ``runners``).
+    ``runners``, ``approvals``).
 ``{"type": "ping"}``
     Answered by ``{"type": "pong"}``.
 
 Server to client: ``hello`` (once: heartbeat period, server time, user and role),
 ``subscribed``, ``run`` (a run's ``Result`` fields without events, plus times and head),
 ``events`` (``runId`` and a list of events in sequence order, each with ``actor`` and
-``createdAt``), ``tree``, ``rows``, ``summary``, ``newTree``, ``runners``, ``heartbeat`` and
+``createdAt``), ``tree``, ``rows``, ``summary``, ``newTree``, ``runners``, ``approvals``, ``heartbeat`` and
 ``error`` (``code``, ``field``, ``message``).
 
 Delivery. The database is the record and the channel layer only rings a doorbell (which

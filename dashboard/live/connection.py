@@ -17,8 +17,15 @@ import time
 from channels.db import database_sync_to_async
 
 from dashboard.live import backpressure
+from dashboard.live.approvals import ApprovalSubscription
 from dashboard.live.backpressure import MAX_OWED_REPLIES, Backlogged
-from dashboard.live.frames import SubscribeRoots, SubscribeRun, SubscribeTree, Unsubscribe
+from dashboard.live.frames import (
+    SubscribeApprovals,
+    SubscribeRoots,
+    SubscribeRun,
+    SubscribeTree,
+    Unsubscribe,
+)
 from dashboard.live.gate import recheck
 from dashboard.live.hub import hub_for
 from dashboard.live.overview import RootSubscriptions
@@ -50,7 +57,8 @@ class Connection:
         self.trees = TreeSubscriptions(self)
         self.roots = RootSubscriptions(self)
         self.runners = RunnerSubscription(self)
-        # Caught up in this order on every pass of the worker; runners after the loop.
+        self.approvals = ApprovalSubscription(self)
+        # Caught up in this order on every pass of the worker; runners and approvals after it.
         self.streams = (self.runs, self.trees, self.roots)
         self.groups_held: dict[str, int] = {}
         self.jobs: list = []
@@ -85,11 +93,13 @@ class Connection:
             await self.trees.subscribe(frame)
         elif isinstance(frame, SubscribeRoots):
             await self.roots.subscribe(frame)
+        elif isinstance(frame, SubscribeApprovals):
+            await self.approvals.subscribe(frame)
         else:
             await self.runners.subscribe(frame)
 
     async def unsubscribe(self, frame: Unsubscribe):
-        for kind in (*self.streams, self.runners):
+        for kind in (*self.streams, self.runners, self.approvals):
             await kind.unsubscribe(frame)
 
     def ring_run(self, message: dict):
@@ -101,6 +111,10 @@ class Connection:
 
     def ring_runners(self):
         if self.runners.ring():
+            self.wake.set()
+
+    def ring_approvals(self):
+        if self.approvals.ring():
             self.wake.set()
 
     # --- channel groups, counted (several subscriptions may share one) ------------------------
@@ -146,6 +160,7 @@ class Connection:
             for kind in self.streams:
                 await kind.catch_up_dirty()
         await self.runners.catch_up_dirty()
+        await self.approvals.catch_up_dirty()
 
     async def _beat(self):
         """Catch every subscription up from the database, then tell the client the heads."""
@@ -179,7 +194,7 @@ class Connection:
         )
 
     async def catch_up_all(self):
-        for kind in (*self.streams, self.runners):
+        for kind in (*self.streams, self.runners, self.approvals):
             await kind.catch_up_all()
 
     async def _resume_when_drained(self):
@@ -220,7 +235,7 @@ class Connection:
 
     def _forget_what_was_sent(self):
         """After a pause, resend state snapshots: some were dropped mid-way."""
-        for kind in (*self.streams, self.runners):
+        for kind in (*self.streams, self.runners, self.approvals):
             kind.forget_sent()
 
     async def error(self, field_name: str, message: str, code: str = "invalid"):

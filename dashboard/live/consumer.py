@@ -160,3 +160,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
     async def runner_changed(self, message):
         if self.connection is not None:
             self.connection.ring_runners()
+
+    async def approvals_changed(self, message):
+        if self.connection is not None:
+            self.connection.ring_approvals()

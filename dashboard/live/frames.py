@@ -65,12 +65,18 @@ class SubscribeRunners(_In):
     runners: Literal[True]
 
 
+class SubscribeApprovals(_In):
+    type: Literal["subscribe"]
+    approvals: Literal[True]
+
+
 class Unsubscribe(_In):
     type: Literal["unsubscribe"]
     run_id: str = Field(default=None, alias="runId")
     tree_id: str = Field(default=None, alias="treeId")
     roots: list[str] = Field(default=None)
     runners: Literal[True] = Field(default=None)
+    approvals: Literal[True] = Field(default=None)
 
 
 class Ping(_In):
@@ -82,6 +88,7 @@ SUBSCRIPTION_KEYS = {
     "treeId": SubscribeTree,
     "roots": SubscribeRoots,
     "runners": SubscribeRunners,
+    "approvals": SubscribeApprovals,
 }
 
 
@@ -109,7 +116,7 @@ def parse_client_frame(text: str):
         if len(present) != 1:
             raise FrameError(
                 "runId",
-                "subscribe: exactly one of runId, treeId, roots or runners is required",
+                "subscribe: exactly one of runId, treeId, roots, runners or approvals is required",
             )
         model = SUBSCRIPTION_KEYS[present[0]]
     elif kind == "unsubscribe":
@@ -166,6 +173,7 @@ class SubscribedFrame(_Out):
     tree_id: str | None = Field(default=None, alias="treeId")
     roots: list[str] | None = None
     runners: bool | None = None
+    approvals: bool | None = None
     after: int | None = None
 
 
@@ -286,6 +294,13 @@ class RunnersFrame(_Out):
     runners: list[dict[str, Any]]
 
 
+class ApprovalsFrame(_Out):
+    """A doorbell for the inbox: how many approvals are pending; the list is read by REST."""
+
+    type: Literal["approvals"]
+    pending: int
+
+
 class HeartbeatFrame(_Out):
     type: Literal["heartbeat"]
     at: int
@@ -311,6 +326,7 @@ SERVER_FRAMES = {
     "summary": SummaryFrame,
     "newTree": NewTreeFrame,
     "runners": RunnersFrame,
+    "approvals": ApprovalsFrame,
     "heartbeat": HeartbeatFrame,
     "error": ErrorFrame,
     "pong": None,

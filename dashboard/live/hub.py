@@ -82,6 +82,8 @@ class Hub:
         # A ring without its group (an older process): everyone it may concern.
         if message.get("type") == "runner.changed":
             return set(self.members.get(notify.RUNNERS_GROUP, ()))
+        if message.get("type") == "approvals.changed":
+            return set(self.members.get(notify.APPROVALS_GROUP, ()))
         found = set()
         for name in (
             notify.run_group(message.get("run")),
@@ -98,6 +100,8 @@ class Hub:
                 connection.ring_run(message)
             elif kind == "runner.changed":
                 connection.ring_runners()
+            elif kind == "approvals.changed":
+                connection.ring_approvals()
 
     async def _listen(self):
         while True:

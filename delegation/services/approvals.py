@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from delegation import metrics
+from delegation import metrics, notify
 from delegation.errors import INVALID_PARAMS, NO_SUCH_RUN, RpcError
 from delegation.models import Approval, ApprovalPolicy, ApprovalStatus, Command, Run
 from delegation.selectors.approvals import approved_input, policy_chain
@@ -111,6 +111,7 @@ def do_request_approval(*, run: Run, use: ToolUse, via: str, actor_label: str) -
         else:
             alerts.enqueue_alert("approval-requested", _alert_payload(approval, run))
             transaction.on_commit(metrics.approval_requested)
+            notify.approvals_changed()
         return approval
 
 
@@ -185,6 +186,8 @@ def _decide(
         enqueue(run.runner_id, Command.Method.APPROVAL_DECIDED, params, run=run)
     latency = (approval.decided_at - approval.requested_at).total_seconds()
     transaction.on_commit(lambda: metrics.approval_decided(by.split(":")[0], latency))
+    # Every decision (operator, policy, timeout, cancel) passes here: the inboxes re-read.
+    notify.approvals_changed()
 
 
 def _lock_approval(approval_pk: int) -> Approval:

@@ -1,8 +1,12 @@
 // The approvals inbox and the run page's pending approvals (SPEC §11): follows
 // /api/approvals (oldest first) and decides through POST /api/approvals/{id}/decision with the
-// session's CSRF token. Every list on the page marked [data-approvals] is kept current.
+// session's CSRF token. Every list on the page marked [data-approvals] is kept current: the
+// live socket's approvals doorbell (on every request, decision or expiry, and on every
+// (re)subscription) triggers a refetch; REST stays the record, so a reconnect catches up.
+import { pageLive } from "./live.js";
 
-const POLL_MS = 1000;
+// Only a safety net for a doorbell lost with its socket (a test may set it longer).
+const SAFETY_POLL_MS = Number(window.canopyApprovalsPollMs) || 30000;
 const csrf = () => document.querySelector("[name=csrfmiddlewaretoken]")?.value ?? "";
 
 function el(tag, attrs = {}, ...children) {
@@ -158,8 +162,23 @@ async function refresh(list) {
   }
 }
 
+// Coalesced: at most one refetch in flight and one more queued, however many doorbells ring.
+let inFlight = null;
+let queued = false;
+
 function refreshAll() {
-  for (const list of document.querySelectorAll("[data-approvals]")) refresh(list);
+  if (inFlight) {
+    queued = true;
+    return;
+  }
+  const lists = [...document.querySelectorAll("[data-approvals]")];
+  inFlight = Promise.all(lists.map(refresh)).finally(() => {
+    inFlight = null;
+    if (queued) {
+      queued = false;
+      refreshAll();
+    }
+  });
 }
 
 // Keyboard: the focused (or first) approval card.
@@ -209,5 +228,17 @@ if (policyForm) {
   });
 }
 
-refreshAll();
-setInterval(refreshAll, POLL_MS);
+if (document.querySelector("[data-approvals]")) {
+  // At once: the server's rendering has no buttons, and the socket may be slow to open.
+  refreshAll();
+  const live = pageLive();
+  live.subscribeApprovals({
+    onApprovals(pending) {
+      const count = document.querySelector("[data-role=approvals-count]");
+      if (count) count.textContent = String(pending);
+      refreshAll();
+    },
+  });
+  live.start();
+  setInterval(refreshAll, SAFETY_POLL_MS);
+}

@@ -23,12 +23,16 @@ export class LiveClient extends EventTarget {
     this.trees = new Map(); // treeId -> {onTree, onRows, fresh}
     this.roots = null; // {ids: Set, newTrees, onSummary, onNewTree}
     this.runners = null;
+    this.approvals = null;
     this.hello = null;
     this.stopped = false;
     this.connects = 0;
   }
 
   start() {
+    // Idempotent: the page's script and the approvals list share one socket (pageLive).
+    if (this.started) return this;
+    this.started = true;
     this.connect();
     this.watchdog = setInterval(() => this.checkAlive(), 1000);
     return this;
@@ -104,6 +108,7 @@ export class LiveClient extends EventTarget {
       this.send({ type: "subscribe", roots: [...this.roots.ids], newTrees: this.roots.newTrees });
     }
     if (this.runners) this.send({ type: "subscribe", runners: true });
+    if (this.approvals) this.send({ type: "subscribe", approvals: true });
   }
 
   subscribeRun(runId, after, handlers) {
@@ -133,6 +138,12 @@ export class LiveClient extends EventTarget {
   subscribeRunners(handlers) {
     this.runners = handlers;
     this.send({ type: "subscribe", runners: true });
+  }
+
+  // The approvals doorbell: onApprovals(pending) now and after every request or decision.
+  subscribeApprovals(handlers) {
+    this.approvals = handlers;
+    this.send({ type: "subscribe", approvals: true });
   }
 
   handle(frame) {
@@ -184,6 +195,9 @@ export class LiveClient extends EventTarget {
       case "runners":
         if (this.runners && this.runners.onRunners) this.runners.onRunners(frame.runners);
         break;
+      case "approvals":
+        if (this.approvals && this.approvals.onApprovals) this.approvals.onApprovals(frame.pending);
+        break;
       case "heartbeat":
         for (const [runId, head] of Object.entries(frame.runs)) {
           const sub = this.runs.get(runId);
@@ -219,6 +233,13 @@ export class LiveClient extends EventTarget {
     sub.last = fresh[fresh.length - 1].sequence;
     if (sub.onEvents) sub.onEvents(fresh);
   }
+}
+
+// The page's one live socket, shared by its scripts (each socket counts against the user's
+// LIVE_MAX_SOCKETS_PER_USER); started by whoever first needs it.
+export function pageLive() {
+  if (!window.canopyLive) window.canopyLive = new LiveClient();
+  return window.canopyLive;
 }
 
 export function decodeColumns(frame) {

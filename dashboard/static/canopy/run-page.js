@@ -2,7 +2,7 @@
 // how many runs will stop, and the per-descendant cancel report.
 import { bindLiveState, el, formatDuration, now, startTicking } from "./common.js";
 import { ToolPairs, UsageTotals, formatCost, formatCount, renderEvent } from "./events.js";
-import { LiveClient } from "./live.js";
+import { pageLive } from "./live.js";
 import { showConclusion } from "./conclusion.js";
 import { TreeView } from "./tree.js";
 
@@ -11,8 +11,8 @@ const head = document.getElementById("run");
 const runId = head.dataset.runId;
 const list = document.getElementById("events");
 const follow = document.getElementById("follow");
-const live = new LiveClient();
-window.canopyLive = live;
+// Shared with inbox.js (the run's pending approvals), which may have created it first.
+const live = pageLive();
 bindLiveState(live);
 startTicking();
 
