@@ -18,10 +18,8 @@ from asgiref.sync import sync_to_async
 
 from delegation.models import Event, Run
 from delegation.runner.command import CommandEngine, CommandPreset
-from delegation.runner.host import RunnerHost
 from delegation.runner.model_stub import ModelStub, Text, ToolCall
-from delegation.services import tokens
-from tests.support import runners
+from tests.support.agents.delegating import AgentTree
 from tests.support.real_agents import offline_claude_preset
 
 pytestmark = [
@@ -30,8 +28,6 @@ pytestmark = [
     pytest.mark.timeout(240),
 ]
 
-# A tree of real CLIs answers slower than one child: a longer call timeout.
-FAST = {**runners.FAST, "call_timeout": 60}
 DELEGATE = "mcp__canopy__delegate"
 MAX_DEPTH = 2
 
@@ -162,36 +158,24 @@ def check_capped_tree(root_id):
     assert by_depth[MAX_DEPTH - 1].output == "L1 heard: mention the parser"
 
 
-class Tree:
+class Tree(AgentTree):
+    """An :class:`AgentTree` of the ``claude`` preset on its own scripted model: it records
+    each process's group, the children's run tokens and every argv while they run."""
+
     def __init__(self, server, tmp_path, script):
-        self.server, self.tmp_path, self.script = server, tmp_path, script
-        self.pids: dict[str, int] = {}
+        self.tmp_path, self.script = tmp_path, script
+        self.server = server
 
     async def __aenter__(self):
-        _runner, token = await sync_to_async(tokens.create_runner)("claude-tree")
         self.stub = ModelStub(self.script).__enter__()
         preset = offline_claude_preset(self.stub.url, self.tmp_path / "home")
-        self.engine = CommandEngine([CommandPreset.from_config(preset)], str(self.tmp_path))
-        self.host = RunnerHost(
-            self.server.ws_url, token, self.engine, extension_id="claude", client_options=FAST
-        )
-        run = self.engine.run
-
-        async def remember_pid(ctx):  # which processes the tree started, to see them gone
-            task = asyncio.ensure_future(run(ctx))
-            while "pid" not in ctx.data and not task.done():
-                await asyncio.sleep(0.01)
-            if "pid" in ctx.data:
-                self.pids[ctx.run_id] = ctx.data["pid"]
-            return await task
-
-        self.engine.run = remember_pid
-        await self.host.start()
-        return self
+        engine = CommandEngine([CommandPreset.from_config(preset)], str(self.tmp_path))
+        super().__init__(self.server, engine, "claude-tree")
+        return await super().__aenter__()
 
     async def __aexit__(self, *exc):
         self.script.released.set()
-        await self.host.stop()
+        await super().__aexit__(*exc)
         self.stub.__exit__(None, None, None)
 
 
@@ -224,6 +208,9 @@ async def test_it_grows_a_capped_tree_of_claude_code_processes_that_delegate_thr
         assert len(tree.pids) == MAX_DEPTH + 1
         assert not [pid for pid in tree.pids.values() if group_alive(pid)]
         assert not list(tmp_path.glob("canopy-mcp-*"))
+        # No child's run token on any argv while it ran, in the server's log or in any
+        # stored event.
+        assert tree.tokens and not await sync_to_async(tree.leaked)()
 
 
 async def test_it_stops_every_claude_code_process_when_an_operator_cancels_the_root(
