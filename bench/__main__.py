@@ -5,7 +5,8 @@ python -m bench ingest read    # a subset (``rollups``: only the rollups on/off 
 
 Each measure is its own module (``bench.ingest``, ``bench.read``, ``bench.push``,
 ``bench.memory``, ``bench.tree``, ``bench.budget_stop``, ``bench.mcp``, ``bench.sandbox``,
-``bench.traces``, ``bench.fleet``, ``bench.fleet10k``); ``bench.table`` holds the figures.
+``bench.traces``, ``bench.fleet``, ``bench.fleet10k``); ``bench.table`` holds the figures. ``python -m bench.agents`` (the real pinned agent CLIs)
+runs on its own, outside this list.
 """
 
 from __future__ import annotations
