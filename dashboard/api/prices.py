@@ -47,7 +47,9 @@ class PriceBody(Schema):
     cacheWritePerMTok: float = Field(default=0, ge=0, le=100000, description=PER_MTOK)
     note: str = Field(default="", max_length=200)
 
-    model_config = {"extra": "forbid"}
+    # Strict like every other body: `false` or "4" is not a price (schemathesis found `false`
+    # accepted as 0).
+    model_config = {"extra": "forbid", "strict": True}
 
 
 @router.get(

@@ -111,6 +111,13 @@ def test_it_lets_only_admins_edit_prices_and_everyone_read_them(viewer, operator
     assert AuditEntry.objects.filter(action="price-set", outcome="refused: not an admin").exists()
     bad = put_price(api_token(admin), "m", {"inputPerMTok": -1, "outputPerMTok": 2})
     assert bad.status_code == 422
+    # Strict input: a boolean or a numeric string is not a price (it was taken as 0 and 4).
+    for lax in (False, "4"):
+        body = {"inputPerMTok": 1, "outputPerMTok": 2, "cacheWritePerMTok": lax}
+        refused_lax = put_price(api_token(admin), "m", body)
+        assert refused_lax.status_code == 422, lax
+        assert "cacheWritePerMTok" in refused_lax.content.decode()
+    assert not ModelPrice.objects.filter(model="m").exists()
     made = put_price(api_token(admin), "m", {"inputPerMTok": 1, "outputPerMTok": 2})
     assert made.status_code == 200 and made.json()["cacheReadPerMTok"] == 0
     gone = Client().delete("/api/prices/m", headers={"Authorization": f"Bearer {api_token(admin)}"})
