@@ -23,7 +23,9 @@ environment rules as the ``command`` engine, and drives it as the ACP *client* w
   reason saying which of the two is missing.
 
 The run token comes from the server (``run.mcpToken``); a server that gives none (an older
-one, without ``/mcp``) leaves the agent without Canopy's tools, said in an ``error`` event. The
+one, without ``/mcp``) leaves the agent without Canopy's tools, said in an ``error`` event. It
+is asked for before the agent starts: a preset with ``mcpTokenVia: env`` sends the header as
+``Bearer ${CANOPY_RUN_TOKEN}`` and gives the agent the token in its environment. The
 ``mcp`` argument replaces how the token is obtained (tests).
 """
 

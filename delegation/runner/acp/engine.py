@@ -14,7 +14,7 @@ from acp import PROTOCOL_VERSION, RequestError, text_block
 from acp.client.connection import ClientSideConnection
 from acp.schema import ClientCapabilities, HttpHeader, HttpMcpServer, Implementation
 
-from delegation.client import ClientError, RpcError, event
+from delegation.client import ClientError, McpToken, RpcError, event
 from delegation.runner import mcpconfig
 from delegation.runner import process as proc
 from delegation.runner.acp.presets import AcpPreset, AcpRefused
@@ -56,21 +56,32 @@ class AcpEngine(PresetEngine):
         }
         return proc.environment(preset, preset.env, identity, ctx.depth)
 
-    async def mcp_servers(self, ctx: RunContext, session: Session) -> list[HttpMcpServer]:
+    async def run_token(self, ctx: RunContext) -> tuple[McpToken | None, str]:
+        """The run's MCP token (None without one), and why there is none when asking failed.
+
+        Asked before the agent starts, so that an ``env`` preset can hand it over in the
+        agent's environment rather than on anything a process's argv may carry."""
         try:
             found = await (self.mcp or mcpconfig.run_token)(ctx)
         except (RpcError, ClientError) as exc:
-            # The agent can still do its work, only not delegate: say so on the run.
-            session.put(event("error", error=f"no Canopy MCP server for this agent: {exc}"))
-            return []
+            return None, f"no Canopy MCP server for this agent: {exc}"
         if not found:
-            return []
+            return None, ""
         token = mcpconfig.as_token(found)
         ctx.data["run_token"] = token.token
         mcpconfig.LIVE_TOKENS.add(token.token)
-        headers = [
-            HttpHeader(name=k, value=v) for k, v in mcpconfig.headers(token, ctx.depth).items()
-        ]
+        return token, ""
+
+    def mcp_servers(
+        self, ctx: RunContext, preset: AcpPreset, token: McpToken | None
+    ) -> list[HttpMcpServer]:
+        if token is None:
+            return []
+        values = mcpconfig.headers(token, ctx.depth)
+        if preset.mcp_token_via == "env":
+            # The agent expands the variable from its environment (see AcpPreset).
+            values["Authorization"] = "Bearer ${" + mcpconfig.CODEX_TOKEN_ENV + "}"
+        headers = [HttpHeader(name=k, value=v) for k, v in values.items()]
         return [
             HttpMcpServer(type="http", name=mcpconfig.SERVER_NAME, url=token.url, headers=headers)
         ]
@@ -89,12 +100,16 @@ class AcpEngine(PresetEngine):
                 home.remove()
 
     async def _run(self, ctx, preset: AcpPreset, cwd: str, home: PrivateHome | None) -> Outcome:
+        token, problem = await self.run_token(ctx)
+        env = self.environment(ctx, preset, cwd)
+        if token is not None and preset.mcp_token_via == "env":
+            env[mcpconfig.CODEX_TOKEN_ENV] = token.token
         process = await proc.spawn(
             preset,
             list(preset.command),
             workspace=self.workspace,
             cwd=cwd,
-            env=self.environment(ctx, preset, cwd),
+            env=env,
             limit=STREAM_LIMIT,
             home=home,
         )
@@ -104,13 +119,17 @@ class AcpEngine(PresetEngine):
         queue: asyncio.Queue = asyncio.Queue()
         session = Session(ctx, preset, queue)
         ctx.data["acp_session"] = session
+        if problem:
+            # The agent can still do its work, only not delegate: say so on the run.
+            session.put(event("error", error=problem))
         stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL)
         sender = asyncio.create_task(proc.send_batches(ctx, queue))
         stderr = asyncio.create_task(self._stderr(process, stderr_tail, ctx))
         ticker = asyncio.create_task(self._tick(session))
         conn = ClientSideConnection(session, process.stdin, process.stdout)
         try:
-            outcome = await self._drive(ctx, preset, session, conn, cwd)
+            servers = self.mcp_servers(ctx, preset, token)
+            outcome = await self._drive(ctx, preset, session, conn, cwd, servers)
         except AcpRefused as exc:
             outcome = Outcome(error=str(exc))
         except (ConnectionError, RequestError) as exc:
@@ -142,7 +161,7 @@ class AcpEngine(PresetEngine):
             return Outcome(cancelled=True)
         return outcome
 
-    async def _drive(self, ctx, preset, session: Session, conn, cwd: str) -> Outcome:
+    async def _drive(self, ctx, preset, session: Session, conn, cwd: str, servers) -> Outcome:
         # The ACP conversation in protocol order (initialize, session/new, prompt, steer
         # turns, outcome); each step is short and reads best in sequence.
         init = await self._until_cancel(
@@ -156,7 +175,6 @@ class AcpEngine(PresetEngine):
         if init is None:
             return Outcome(cancelled=True)
         capabilities = init.agent_capabilities
-        servers = await self.mcp_servers(ctx, session)
         resume = ctx.request.get("resume") if isinstance(ctx.request, Mapping) else None
         if resume:
             known = self.sessions.get(ctx.conversation_id)

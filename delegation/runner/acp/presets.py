@@ -22,6 +22,8 @@ TOOL_KINDS = (
     "other",
 )
 
+MCP_TOKEN_VIA = ("header", "env")
+
 
 class AcpRefused(Exception):
     """The agent cannot do what the run needs (e.g. no ``session/load`` for a resume)."""
@@ -32,10 +34,17 @@ class AcpPreset(AgentPreset):
     allow_tool_kinds: tuple[str, ...] = ()
     # SPEC §11: ask Canopy (policy, else an operator) for what the allow-list does not allow.
     ask_canopy: bool = False
+    # How the run token reaches the agent's MCP client: in session/new's ``Authorization``
+    # header ("header"), or as ``Bearer ${CANOPY_RUN_TOKEN}`` there with the token in the
+    # agent's environment ("env") for an agent that expands variables in MCP headers and
+    # would otherwise put the header on a process's argv (claude-agent-acp: SPEC §9).
+    mcp_token_via: str = "header"
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any]) -> AcpPreset:
-        fields = check_fields(raw, label="acp preset", extra=("allowToolKinds", "askCanopy"))
+        fields = check_fields(
+            raw, label="acp preset", extra=("allowToolKinds", "askCanopy", "mcpTokenVia")
+        )
         label = f"acp preset {fields['name']!r}"
         kinds = raw.get("allowToolKinds", [])
         if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
@@ -49,4 +58,9 @@ class AcpPreset(AgentPreset):
         ask = raw.get("askCanopy", False)
         if not isinstance(ask, bool):
             raise ValueError(f"{label}: 'askCanopy' must be true or false")
-        return cls(**fields, allow_tool_kinds=tuple(kinds), ask_canopy=ask)
+        via = raw.get("mcpTokenVia", "header")
+        if via not in MCP_TOKEN_VIA:
+            raise ValueError(
+                f"{label}: 'mcpTokenVia' must be one of {', '.join(MCP_TOKEN_VIA)}, not {via!r}"
+            )
+        return cls(**fields, allow_tool_kinds=tuple(kinds), ask_canopy=ask, mcp_token_via=via)

@@ -368,6 +368,10 @@ def test_it_reads_the_documented_acp_presets_and_refuses_bad_ones():
     preset = engine.presets_by_name["claude"]
     assert preset.command == ["claude-agent-acp"]
     assert preset.allow_tool_kinds == ("read", "search")
+    assert preset.mcp_token_via == "env"
+    assert AcpPreset.from_config({"name": "x", "command": ["a"]}).mcp_token_via == "header"
+    with pytest.raises(ValueError, match="'mcpTokenVia' must be one of header, env, not 'argv'"):
+        AcpPreset.from_config({"name": "x", "command": ["a"], "mcpTokenVia": "argv"})
     with pytest.raises(ValueError, match=r"'allowToolKinds' has unknown kind\(s\) shell"):
         AcpPreset.from_config({"name": "x", "command": ["a"], "allowToolKinds": ["shell"]})
     with pytest.raises(ValueError, match="unknown field"):
