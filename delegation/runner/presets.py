@@ -21,12 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from delegation import errors as codes
 from delegation.client import Preset, RpcError
 from delegation.runner.sandbox import unsandboxed_warning, warm_masks
-from delegation.wire.approvals import SHIPPED_POLICIES, Policy
 
 log = logging.getLogger("canopy.runner")
 
@@ -143,6 +140,12 @@ def check_approvals(raw, *, label: str) -> dict | None:
     than when the runner registers."""
     if raw is None:
         return None
+    # Imported here: an agent host imports the runner without pydantic (the SDK's promise),
+    # and only a preset that carries a policy needs the schema.
+    from pydantic import ValidationError
+
+    from delegation.wire.approvals import SHIPPED_POLICIES, Policy
+
     if isinstance(raw, str):
         if raw not in SHIPPED_POLICIES:
             raise ValueError(
