@@ -16,9 +16,9 @@ from delegation.runner.model_stub import ModelStub
 from tests.support.agents.delegating import (
     AgentTree,
     DelegateScript,
+    check_cancel_leaves_no_process,
     check_capped_pair,
     group_alive,
-    wait_for,
 )
 from tests.support.agents.other_clis import COPILOT_MODEL, agent_bin, copilot_env
 from tests.support.real_agents import readme_presets
@@ -119,25 +119,8 @@ async def test_it_cancels_a_real_copilot_child_leaving_no_process_and_refuses_it
         preset = CommandPreset.from_config(copilot_preset(stub.url, cancelGraceSeconds=2))
         engine = CommandEngine([preset], str(tmp_path))
         async with AgentTree(server, engine, "copilot-cancel") as tree:
-            c, ext, gen = tree.host.client, tree.host.extension_id, tree.host.generation
-            await c.open_run("conv", "parent")
-            child = await c.child_start(
-                "parent", ext, gen, {"requestId": "r1", "profile": "copilot", "message": "x"}
-            )
-            await wait_for(lambda: _async(script.held.is_set()), what="Copilot's model turn")
             # A -p run reads no steers: the engine says so (the server then marks the receipt).
-            ctx = tree.host.runs[child.run_id]
-            assert await engine.steer(ctx, "more") == "promptRequired"
-            (pid,) = tree.pids.values()
-            assert group_alive(pid)
-            await c.child_cancel("parent", ext, gen, child.child_id)
-            script.released.set()
-            done = await wait_for(
-                lambda: _done(c.child_read("parent", ext, gen, child.child_id)), what="cancel"
-            )
-            assert done.status == "cancelled"
-            await wait_for(lambda: _async(not group_alive(pid)), what="the process group")
-            await c.finish("parent", output="ok")
+            await check_cancel_leaves_no_process(tree, script, "copilot")
     assert not list(tmp_path.glob("canopy-*"))
 
 
