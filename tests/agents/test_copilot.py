@@ -122,12 +122,3 @@ async def test_it_cancels_a_real_copilot_child_leaving_no_process_and_refuses_it
             # A -p run reads no steers: the engine says so (the server then marks the receipt).
             await check_cancel_leaves_no_process(tree, script, "copilot")
     assert not list(tmp_path.glob("canopy-*"))
-
-
-async def _async(value):
-    return value
-
-
-async def _done(result):
-    result = await result
-    return result if result.done else None
