@@ -5,7 +5,8 @@ method to ``delegation.rpc`` (which validates params and calls the typed service
 server-to-runner commands from the outbox. Frames are handled one at a time in arrival order,
 which is what makes ``run.event`` numbering meaningful; only the wait of
 ``child.lease.release`` runs aside, because the children it waits for finish through frames
-on this very connection.
+on this very connection. Consecutive ``run.event`` frames already waiting when their turn
+comes are committed together (a group commit) and still answered one by one, in order.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
@@ -146,9 +148,33 @@ def _valid_rpc_id(value) -> bool:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
+def _plain_run_event(text_data: str | None) -> dict | None:
+    """The frame, if it is a well-formed ``run.event`` request a group commit can take; None
+    for anything else (the one-by-one path decodes it again and says what is wrong)."""
+    if text_data is None or len(text_data) > MAX_FRAME_BYTES or "\\u0000" in text_data:
+        return None
+    if len(text_data.encode("utf-8")) > MAX_FRAME_BYTES:
+        return None
+    try:
+        frame = loads_strict(text_data)
+    except RpcError:
+        return None
+    if (
+        not isinstance(frame, dict)
+        or frame.get("jsonrpc") != "2.0"
+        or frame.get("method") != "run.event"
+        or not set(frame) <= ENVELOPE_KEYS
+        or ("id" in frame and not _valid_rpc_id(frame["id"]))
+    ):
+        return None
+    return frame
+
+
 class RunnerConsumer(AsyncWebsocketConsumer):
     async def connect(self):
         upkeep.ensure_started()
+        self.inbox: deque[str | None] = deque()
+        self.frame_loop: asyncio.Task | None = None
         self.conn = None
         self.runner_group = None
         self.fenced = False
@@ -183,7 +209,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             await self._shut_down()
 
     async def dispatch(self, message):
-        """The frame boundary: an unexpected error answers -32603 and the socket lives on.
+        """An unexpected error closes a handshake; a frame's answers -32603 (``_take_frames``).
 
         channels' own dispatch first hops to the database thread to close obsolete
         connections, once a message; every database call here goes through
@@ -204,6 +230,10 @@ class RunnerConsumer(AsyncWebsocketConsumer):
                 await self.close(code=1011)
 
     async def disconnect(self, code):
+        # Frames that arrived before the close are still handled, in order, as they were when
+        # channels queued them ahead of the disconnect.
+        if self.frame_loop is not None and not self.frame_loop.done():
+            await asyncio.wait([self.frame_loop])
         await self._shut_down()
 
     async def _shut_down(self):
@@ -211,8 +241,9 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             return
         self._shut = True
         socket_fences.forget(self)
-        for task in list(getattr(self, "background", ())):
-            task.cancel()
+        for task in [*getattr(self, "background", ()), getattr(self, "frame_loop", None)]:
+            if task is not None:
+                task.cancel()
         if getattr(self, "runner_group", None):
             with contextlib.suppress(Exception):
                 await self.channel_layer.group_discard(self.runner_group, self.channel_name)
@@ -229,6 +260,67 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data=None, bytes_data=None):
         if self.conn is None:
             return
+        # Frames wait their turn in the inbox: the frame loop takes them in arrival order,
+        # so the frames that arrive meanwhile are there for a group commit to take.
+        self.inbox.append(text_data)
+        if self.frame_loop is None or self.frame_loop.done():
+            self.frame_loop = asyncio.ensure_future(self._take_frames())
+
+    async def _take_frames(self):
+        while self.inbox:
+            text_data = self.inbox.popleft()
+            try:
+                group = self._run_events_waiting(text_data)
+                if group:
+                    await self._append_group(group)
+                else:
+                    await self._on_frame(text_data)
+            except Exception:
+                log.exception("runner socket: a frame failed")
+                await self._reply_error(None, RpcError(INTERNAL_ERROR, "internal error"))
+
+    def _run_events_waiting(self, text_data: str | None) -> list[dict] | None:
+        """This ``run.event`` and the ones right behind it in the inbox (at most
+        RUN_EVENT_GROUP_MAX), when there are any; None sends the frame the one-by-one way,
+        which also answers whatever is wrong with it."""
+        if not self.inbox or not self.conn.generation or self.fenced:
+            return None
+        limit = settings.RUN_EVENT_GROUP_MAX
+        first = _plain_run_event(text_data) if limit > 1 else None
+        if first is None:
+            return None
+        group = [first]
+        while self.inbox and len(group) < limit:
+            frame = _plain_run_event(self.inbox[0])
+            if frame is None:
+                break
+            self.inbox.popleft()
+            group.append(frame)
+        return group if len(group) > 1 else None
+
+    async def _append_group(self, frames: list[dict]):
+        try:
+            outcomes, commands = await self._run(
+                rpc.append_event_frames,
+                self.conn,
+                [f.get("params", {}) for f in frames],
+                claim=True,
+            )
+        except RpcError as exc:  # the database was lost twice: every frame may be sent again
+            outcomes, commands = [exc] * len(frames), []
+        for frame, outcome in zip(frames, outcomes, strict=True):
+            has_id = "id" in frame
+            if isinstance(outcome, RpcError):
+                await self._reply_error(frame.get("id"), outcome, notify_only=not has_id)
+                self.fenced = self.fenced or outcome.code == STALE_CONNECTION
+            elif has_id:
+                await self._send({"jsonrpc": "2.0", "id": frame["id"], "result": outcome})
+        if self.fenced:
+            await self.close(code=CLOSE_FENCED)
+            return
+        await self._send_commands(commands)
+
+    async def _on_frame(self, text_data: str | None):
         if text_data is None:
             await self._reply_error(None, RpcError(INVALID_REQUEST, "binary frames are refused"))
             return

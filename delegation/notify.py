@@ -48,12 +48,12 @@ def collect():
     round trip to the event loop for every ring.
     """
     bells: dict[tuple, dict] = {}
-    previous = getattr(_local, "bells", None)
-    _local.bells = bells
+    previous = getattr(_local, "bells", None), getattr(_local, "carried_chars", None)
+    _local.bells, _local.carried_chars = bells, {}
     try:
         yield bells
     finally:
-        _local.bells = previous
+        _local.bells, _local.carried_chars = previous
 
 
 async def ring_collected(bells: dict[tuple, dict]) -> None:
@@ -74,7 +74,13 @@ def _send(group: str, message: dict) -> None:
     if bells is not None:
         # One ring per group and run: listeners read the database anyway, but a tree's
         # listeners want to know every run that changed.
-        bells[(group, message.get("run"))] = message
+        key = (group, message.get("run"))
+        earlier = bells.get(key)
+        if earlier is not None and "events" in earlier and "events" in message:
+            # Frames committed together (a group commit): one ring carries all their events
+            # while they fit, so a caught-up watcher still pushes them without a read.
+            message = _carrying_both(earlier, message, _local.carried_chars, key)
+        bells[key] = message
         return
     layer = get_channel_layer()
     if layer is None:
@@ -87,6 +93,21 @@ def _send(group: str, message: dict) -> None:
 
 # Events ride along with a ring when they are this small; larger frames are read back.
 MAX_PAYLOAD_CHARS = 16 * 1024
+
+
+def _carrying_both(earlier: dict, later: dict, sizes: dict, key: tuple) -> dict:
+    """The later ring (the run as it now is) with the earlier ring's events before its own;
+    without events when they would not continue each other or no longer fit, and a
+    listener then reads them back. ``sizes`` keeps each ring's carried size, so a group of
+    frames measures each frame's events once."""
+    chars = sizes.get(key) or len(json.dumps(earlier["events"]))
+    chars += len(json.dumps(later["events"]))
+    continues = earlier["events"][-1]["sequence"] + 1 == later["events"][0]["sequence"]
+    if continues and chars <= MAX_PAYLOAD_CHARS:
+        sizes[key] = chars
+        return {**later, "events": earlier["events"] + later["events"]}
+    sizes.pop(key, None)
+    return {name: value for name, value in later.items() if name != "events"}
 
 
 def run_changed(run, *, new_run: bool = False, events: list[dict] | None = None) -> None:

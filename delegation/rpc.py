@@ -7,7 +7,10 @@ so any other transport can call them with the same typed arguments.
 
 from __future__ import annotations
 
+import time
+
 from delegation import metrics
+from delegation.errors import RpcError
 from delegation.services import approval_doors, children, run_tokens, runners, streams
 from delegation.services.identity import Caller, Connection
 from delegation.wire import (
@@ -34,6 +37,25 @@ def open_run(conn: Connection, raw_params) -> dict:
 def append_events(conn: Connection, raw_params) -> dict:
     with metrics.INGEST_SECONDS.time():
         return streams.append_events(conn, parse_model(RunEventParams, raw_params))
+
+
+def append_event_frames(conn: Connection, raw_frames: list) -> list[dict | RpcError]:
+    """Consecutive ``run.event`` frames of one socket in one commit; each frame's answer or
+    refusal, in order (a frame whose params do not decode is refused on its own)."""
+    parsed: list[RunEventParams] = []
+    decoded: list[RpcError | None] = []
+    for raw in raw_frames:
+        try:
+            parsed.append(parse_model(RunEventParams, raw))
+            decoded.append(None)
+        except RpcError as exc:
+            decoded.append(exc)
+    started = time.perf_counter()
+    stored = iter(streams.append_event_frames(conn, parsed))
+    took = time.perf_counter() - started
+    for _frame in parsed:
+        metrics.INGEST_SECONDS.observe(took)  # every frame of the group waited for its commit
+    return [next(stored) if refusal is None else refusal for refusal in decoded]
 
 
 def finish_run(conn: Connection, raw_params) -> dict:

@@ -162,6 +162,34 @@ def append_events(conn: Connection, params: RunEventParams) -> dict:
 
     Usage events add to the rollups in the same transaction; a budget they bring to 80% or
     past a limit is acted on right after the commit (``budgets.enforce``)."""
+    rows, usages = _prepare(params)
+    answer, due = _append(conn, params, rows, usages)
+    if due:
+        budgets.enforce(due)
+    return answer
+
+
+def append_event_frames(conn: Connection, frames: list[RunEventParams]) -> list[dict | RpcError]:
+    """Consecutive ``run.event`` frames of one connection, committed together (group commit).
+
+    Each frame is checked, stored or refused exactly as ``append_events`` would one after
+    another, in a savepoint of its own, so a refused frame changes nothing and the next sees
+    the state before it; the answer of each (or its RpcError) comes back in order. A frame
+    carrying usage ends its group, so the rollup rows stay the last locks a transaction takes
+    (the lock order in ``services.locks``)."""
+    outcomes: list[dict | RpcError] = []
+    group: list[RunEventParams] = []
+    for params in frames:
+        group.append(params)
+        if any(event.kind == "usage" for event in params.events):
+            outcomes += _append_group(conn, group)
+            group = []
+    if group:
+        outcomes += _append_group(conn, group)
+    return outcomes
+
+
+def _prepare(params: RunEventParams) -> tuple[list[dict], dict[int, Usage]]:
     usages: dict[int, Usage] = {}
     for index, event in enumerate(params.events):
         if event.kind in SERVER_EVENT_KINDS:
@@ -170,11 +198,26 @@ def append_events(conn: Connection, params: RunEventParams) -> dict:
             )
         if event.kind == "usage":
             usages[index] = parse_model(Usage, event.input, f"events[{index}].input")
-    rows = [_normalise_event(event) for event in params.events]
-    answer, due = _append(conn, params, rows, usages)
+    return [_normalise_event(event) for event in params.events], usages
+
+
+@retry_conflicts
+def _append_group(conn: Connection, group: list[RunEventParams]) -> list[dict | RpcError]:
+    outcomes: list[dict | RpcError] = []
+    due: list[int] = []
+    with transaction.atomic():
+        for params in group:
+            try:
+                with transaction.atomic():
+                    answer, frame_due = _append(conn, params, *_prepare(params))
+            except RpcError as exc:
+                outcomes.append(exc)
+                continue
+            outcomes.append(answer)
+            due += frame_due
     if due:
         budgets.enforce(due)
-    return answer
+    return outcomes
 
 
 def _usage_totals(priced) -> dict[str, int]:
@@ -280,9 +323,10 @@ def _append(conn: Connection, params: RunEventParams, rows, usages) -> tuple[dic
                     for offset, row in enumerate(fresh)
                 ],
             )
+            # Counted once stored: in a group commit that is after the group's commit.
+            stored = len(fresh)
+            transaction.on_commit(lambda: metrics.events_stored(stored))
         answer = {"emitted": run.emitted, "sequence": run.last_sequence}
-    if fresh:
-        metrics.events_stored(len(fresh))
     return answer, due
 
 

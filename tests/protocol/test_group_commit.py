@@ -1,0 +1,165 @@
+"""Pipelined ``run.event`` frames committed together (issue 26): a runner that sends without
+waiting gets every frame answered on its own, in order, each stored or refused exactly as
+it would be alone, while the server commits the frames waiting behind each other at once.
+
+The groups are observed by wrapping ``rpc.append_event_frames``, which the socket calls for
+every group: each test first checks that a group really formed, so it can fail if none did.
+"""
+
+import json
+
+import pytest
+from django.db import transaction
+
+from delegation import notify, rpc
+from delegation.models import Event, Run, RunRollup
+from delegation.services import streams
+from delegation.services.identity import Connection
+from delegation.wire import RunEventParams, parse_model
+from tests.support.rpc import adb
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _sizes_of_calls(monkeypatch, module, name: str) -> list[int]:
+    """Wrap ``module.name(conn, frames)`` and record how many frames each call took."""
+    sizes: list[int] = []
+    real = getattr(module, name)
+
+    def recorded(conn, frames):
+        sizes.append(len(frames))
+        return real(conn, frames)
+
+    monkeypatch.setattr(module, name, recorded)
+    return sizes
+
+
+@pytest.fixture
+def groups(monkeypatch) -> list[int]:
+    """The size of every group the socket committed together."""
+    return _sizes_of_calls(monkeypatch, rpc, "append_event_frames")
+
+
+def frame(rpc_id, run_id, start, *events) -> str:
+    params = {"runId": run_id, "from": start, "events": list(events)}
+    body = {"jsonrpc": "2.0", "method": "run.event", "params": params}
+    if rpc_id is not None:
+        body["id"] = rpc_id
+    return json.dumps(body)
+
+
+def text(value: str) -> dict:
+    return {"kind": "text", "text": value}
+
+
+async def _stream(run_id: str) -> list[tuple]:
+    return await adb(
+        lambda: list(
+            Event.objects.filter(run__run_id=run_id)
+            .order_by("sequence")
+            .values_list("sequence", "runner_index", "text")
+        )
+    )()
+
+
+async def _answers(runner, count: int) -> list[dict]:
+    return [await runner.next_response() for _ in range(count)]
+
+
+async def test_it_answers_every_pipelined_frame_in_order_from_one_commit(runner, groups):
+    await runner.open("root-1")
+    for index in range(1, 41):
+        await runner.send_raw(frame(index, "root-1", index, text(f"e{index}")))
+    answers = await _answers(runner, 40)
+    assert [a["id"] for a in answers] == list(range(1, 41))
+    assert [a["result"] for a in answers] == [{"emitted": i, "sequence": i} for i in range(1, 41)]
+    assert max(groups) > 1, groups  # the frames behind the first did go together
+    assert await _stream("root-1") == [(i, i, f"e{i}") for i in range(1, 41)]
+
+
+async def test_it_refuses_a_frame_of_a_group_alone_and_keeps_the_rest(runner, groups):
+    await runner.open("root-1")
+    await runner.emit("root-1", ["a"])
+    # The first frame waits behind a slow one (many events) so the others queue behind it.
+    await runner.send_raw(frame(1, "root-1", 2, *[text(f"b{i}") for i in range(200)]))
+    await runner.send_raw(frame(2, "root-1", 500, text("gap")))  # a gap: refused
+    await runner.send_raw(frame(3, "root-1", 202, text("c")))
+    await runner.send_raw(frame(4, "root-1", 203, {"kind": "delegation-refused", "text": "x"}))
+    await runner.send_raw(frame(None, "root-1", 203, text("d")))  # a notification
+    await runner.send_raw(frame(5, "root-1", 1, text("not a")))  # a conflicting replay
+    await runner.send_raw(frame(6, "root-1", 204, text("e")))
+    await runner.send_raw(frame(7, "nobody", 1, text("f")))  # not a run of this runner
+    await runner.send_raw(frame(8, "root-1", 205, {"kind": "text", "text": 5}))  # malformed
+    await runner.send_raw(frame(9, "root-1", 205, text("g")))
+    answers = {a["id"]: a for a in await _answers(runner, 9)}
+    assert max(groups) > 1, groups
+    assert answers[1]["result"] == {"emitted": 201, "sequence": 201}
+    assert answers[2]["error"]["code"] == -32602 and "from: 500 leaves a gap" in str(answers[2])
+    assert answers[3]["result"] == {"emitted": 202, "sequence": 202}
+    assert "reserved for the server" in answers[4]["error"]["message"]
+    assert "conflicts with the stored event number 1" in answers[5]["error"]["message"]
+    assert answers[6]["result"] == {"emitted": 204, "sequence": 204}
+    assert answers[7]["error"]["code"] == -32004
+    assert answers[8]["error"]["code"] == -32602 and "events[0].text" in str(answers[8])
+    assert answers[9]["result"] == {"emitted": 205, "sequence": 205}
+    stream = await _stream("root-1")
+    assert [row[2] for row in stream[-4:]] == ["c", "d", "e", "g"]
+    assert [row[0] for row in stream] == list(range(1, 206))  # gap-free, nothing twice
+
+
+async def test_it_adds_pipelined_usage_once_and_stops_the_budget_after_the_commit(
+    runner, groups, monkeypatch
+):
+    transactions = _sizes_of_calls(monkeypatch, streams, "_append_group")
+    await runner.open("root-1", budget={"maxTokens": 100})
+    usage = {"kind": "usage", "input": {"inputTokens": 10, "outputTokens": 5}}
+    for index in range(1, 11):  # 150 tokens in all: the budget is crossed on the seventh
+        await runner.send_raw(frame(index, "root-1", 2 * index - 1, text(f"t{index}"), usage))
+    answers = await _answers(runner, 10)
+    assert [a["result"]["emitted"] for a in answers] == [2 * i for i in range(1, 11)]
+    assert max(groups) > 1, groups
+    # A frame with usage ends its transaction (the rollup rows are the last locks).
+    assert transactions and set(transactions) == {1}, transactions
+    await runner.wait_command("run.cancel", runId="root-1")
+    rollup = await adb(lambda: RunRollup.objects.get(run__run_id="root-1"))()
+    assert (rollup.own_tokens_in, rollup.own_tokens_out, rollup.own_usage_events) == (100, 50, 10)
+    run = await adb(lambda: Run.objects.get(run_id="root-1"))()
+    assert run.cancel_reason.startswith("budget exceeded: maxTokens")
+
+
+async def test_it_keeps_group_commits_off_with_a_limit_of_one(runner, groups, settings):
+    settings.RUN_EVENT_GROUP_MAX = 1
+    await runner.open("root-1")
+    for index in range(1, 21):
+        await runner.send_raw(frame(index, "root-1", index, text(f"e{index}")))
+    answers = await _answers(runner, 20)
+    assert [a["result"]["emitted"] for a in answers] == list(range(1, 21))
+    assert groups == []
+
+
+async def test_it_rings_once_for_a_group_carrying_all_its_events(runner):
+    opened = await runner.open("root-1")
+    assert opened["runId"] == "root-1"
+    conn = await adb(lambda: _connection_of("root-1"))()
+    frames = [
+        parse_model(RunEventParams, {"runId": "root-1", "from": i, "events": [text(f"e{i}")]})
+        for i in (1, 2, 3)
+    ]
+
+    def commit():
+        with notify.collect() as bells, transaction.atomic():
+            outcomes = streams.append_event_frames(conn, frames)
+        return outcomes, bells
+
+    outcomes, bells = await adb(commit)()
+    assert [o["emitted"] for o in outcomes] == [1, 2, 3]
+    pk = await adb(lambda: Run.objects.get(run_id="root-1").pk)()
+    rung = bells[(notify.run_group(pk), pk)]
+    assert [e["sequence"] for e in rung["events"]] == [1, 2, 3]
+    assert rung["sequence"] == 3
+    assert "events" not in bells[(notify.tree_group(pk), pk)]
+
+
+def _connection_of(run_id: str) -> Connection:
+    runner = Run.objects.select_related("runner").get(run_id=run_id).runner
+    return Connection(runner_pk=runner.pk, generation=runner.connection_generation)
