@@ -1,6 +1,7 @@
 """ASGI entry point: HTTP through Django, WebSockets for runners and live operators, and the
 MCP server at /mcp (with the ASGI lifespan its session manager needs)."""
 
+import gc
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "canopy.settings")
@@ -62,3 +63,10 @@ application = BodyLimit(
     default=HTTP_MAX_BODY_BYTES,
     paths={MCP_PATH: MCP_MAX_BODY_BYTES},
 )
+
+
+# Everything loaded so far (Django, the apps, the SDKs: most of the heap) lives as long as the
+# process: moved out of the collector's reach, a full collection no longer walks it. Before,
+# one took 78-120 ms on the event loop now and then, and was the live push's p99 with one
+# process (bench.fleet 1 20 200: 130 ms; with the freeze 13 ms).
+gc.freeze()
