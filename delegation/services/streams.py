@@ -173,8 +173,8 @@ def append_event_frames(conn: Connection, frames: list[RunEventParams]) -> list[
     """Consecutive ``run.event`` frames of one connection, committed together (group commit).
 
     Each frame is checked, stored or refused exactly as ``append_events`` would one after
-    another, in a savepoint of its own, so a refused frame changes nothing and the next sees
-    the state before it; the answer of each (or its RpcError) comes back in order. A frame
+    another: a refused frame is refused before it writes anything, so it changes nothing and
+    the next sees the state before it; the answer of each (or its RpcError) comes back in order. A frame
     carrying usage ends its group, so the rollup rows stay the last locks a transaction takes
     (the lock order in ``services.locks``)."""
     outcomes: list[dict | RpcError] = []
@@ -205,16 +205,27 @@ def _prepare(params: RunEventParams) -> tuple[list[dict], dict[int, Usage]]:
 def _append_group(conn: Connection, group: list[RunEventParams]) -> list[dict | RpcError]:
     outcomes: list[dict | RpcError] = []
     due: list[int] = []
+    # The group's events go in with one COPY at the end (one statement, not one a frame);
+    # a replay check reads the stored events, so it has what is pending written first.
+    pending: list[tuple] = []
+
+    def write_pending():
+        event_store.insert_events(pending)
+        pending.clear()
+
     with transaction.atomic():
         for params in group:
             try:
-                with transaction.atomic():
-                    answer, frame_due = _append(conn, params, *_prepare(params))
+                rows, usages = _prepare(params)
+                run, replayed = _check_append(conn, params, rows, before_reading=write_pending)
             except RpcError as exc:
                 outcomes.append(exc)
                 continue
+            answer, frame_due = _store_append(params, rows, usages, run, replayed, pending)
             outcomes.append(answer)
             due += frame_due
+        if pending:
+            write_pending()
     if due:
         budgets.enforce(due)
     return outcomes
@@ -236,98 +247,119 @@ def _usage_totals(priced) -> dict[str, int]:
 @retry_conflicts
 def _append(conn: Connection, params: RunEventParams, rows, usages) -> tuple[dict, list[int]]:
     # One transaction from the locking read to the run's update: exactly-once, gaps,
-    # replays, finished runs and rollups are checked against the same locked state, so the
-    # steps stay in one function rather than pass that state around.
-    due: list[int] = []
+    # replays, finished runs and rollups are checked against the same locked state.
     with transaction.atomic():
-        found = event_store.lock_own_run(params.run_id, conn.runner_pk)
-        if found is None:
-            current_runner(conn, lock=False)  # a fenced caller hears that first
-            raise RpcError(NO_SUCH_RUN, f"runId: no run {params.run_id!r} of this runner")
-        run, revoked, generation = found
-        check_fence(conn, revoked, generation)
-        first = params.from_
-        if run.is_terminal and first + len(rows) - 1 > run.emitted:
-            # A finished run's stream and output are final: only exact replays (checked
-            # below) are still answered, so a late or hostile frame cannot rewrite it.
-            raise RpcError(
-                PARENT_NOT_RUNNING,
-                f"runId: run {params.run_id!r} is {run.status}; it takes no new events "
-                f"(it has {run.emitted}; only exact replays of those are accepted)",
+        run, replayed = _check_append(conn, params, rows)
+        return _store_append(params, rows, usages, run, replayed)
+
+
+def _check_append(
+    conn: Connection, params: RunEventParams, rows, before_reading=None
+) -> tuple[Run, int]:
+    """The frame's run, locked, and how many of its events are replays; every refusal of a
+    frame is raised here, before anything is written, so a frame refused in a group commit
+    leaves the group's transaction as it found it (no savepoint needed)."""
+    found = event_store.lock_own_run(params.run_id, conn.runner_pk)
+    if found is None:
+        current_runner(conn, lock=False)  # a fenced caller hears that first
+        raise RpcError(NO_SUCH_RUN, f"runId: no run {params.run_id!r} of this runner")
+    run, revoked, generation = found
+    check_fence(conn, revoked, generation)
+    first = params.from_
+    if run.is_terminal and first + len(rows) - 1 > run.emitted:
+        # A finished run's stream and output are final: only exact replays (checked
+        # below) are still answered, so a late or hostile frame cannot rewrite it.
+        raise RpcError(
+            PARENT_NOT_RUNNING,
+            f"runId: run {params.run_id!r} is {run.status}; it takes no new events "
+            f"(it has {run.emitted}; only exact replays of those are accepted)",
+        )
+    if first > run.emitted + 1:
+        raise RpcError(
+            INVALID_PARAMS,
+            f"from: {first} leaves a gap; the server has stored {run.emitted} events of "
+            f"this run, resend from {run.emitted + 1}",
+        )
+    replayed = max(0, min(len(rows), run.emitted - first + 1))
+    if replayed:
+        if before_reading is not None:
+            before_reading()
+        stored = {
+            e.runner_index: e
+            for e in Event.objects.filter(
+                run=run, runner_index__gte=first, runner_index__lt=first + replayed
             )
-        if first > run.emitted + 1:
-            raise RpcError(
-                INVALID_PARAMS,
-                f"from: {first} leaves a gap; the server has stored {run.emitted} events of "
-                f"this run, resend from {run.emitted + 1}",
-            )
-        replayed = max(0, min(len(rows), run.emitted - first + 1))
-        if replayed:
-            stored = {
-                e.runner_index: e
-                for e in Event.objects.filter(
-                    run=run, runner_index__gte=first, runner_index__lt=first + replayed
+        }
+        for offset in range(replayed):
+            match = stored.get(first + offset)
+            if match is None or not _same_event(rows[offset], match):
+                raise RpcError(
+                    INVALID_PARAMS,
+                    f"events[{offset}]: conflicts with the stored event number "
+                    f"{first + offset} of this run (a replay must repeat it exactly)",
                 )
-            }
-            for offset in range(replayed):
-                match = stored.get(first + offset)
-                if match is None or not _same_event(rows[offset], match):
-                    raise RpcError(
-                        INVALID_PARAMS,
-                        f"events[{offset}]: conflicts with the stored event number "
-                        f"{first + offset} of this run (a replay must repeat it exactly)",
-                    )
-        # Priced here, inside the transaction, from the table as it is now (SPEC §10).
-        priced = prices.price_rows(rows, {i: u for i, u in usages.items() if i >= replayed})
-        fresh = rows[replayed:]
-        if fresh:
-            now = timezone.now()
-            next_sequence = run.last_sequence
-            next_index = run.emitted
-            values = []
-            for row in fresh:
-                next_sequence += 1
-                next_index += 1
-                values.append((run.pk, next_sequence, next_index, now, row))
+    return run, replayed
+
+
+def _store_append(
+    params: RunEventParams, rows, usages, run: Run, replayed: int, pending: list | None = None
+) -> tuple[dict, list[int]]:
+    """Store what ``_check_append`` let through (it refuses nothing: see there); the events
+    are added to ``pending`` when given, for the caller to insert before its commit."""
+    due: list[int] = []
+    # Priced here, inside the transaction, from the table as it is now (SPEC §10).
+    priced = prices.price_rows(rows, {i: u for i, u in usages.items() if i >= replayed})
+    fresh = rows[replayed:]
+    if fresh:
+        now = timezone.now()
+        next_sequence = run.last_sequence
+        next_index = run.emitted
+        values = []
+        for row in fresh:
+            next_sequence += 1
+            next_index += 1
+            values.append((run.pk, next_sequence, next_index, now, row))
+        if pending is None:
             event_store.insert_events(values)
-            fields = ["last_sequence", "emitted", "updated_at"]
-            for event in params.events[replayed:]:
-                # "A result event sets the run's output", kept whole (not truncated).
-                if event.kind == "result" and event.text is not None:
-                    run.output = event.text
-                    if "output" not in fields:
-                        fields.append("output")
-            activity = activity_of(fresh)
-            if activity is not None:
-                run.activity = activity
-                run.activity_at = now
-                fields += ["activity", "activity_at"]
-            run.last_sequence = next_sequence
-            run.emitted = next_index
-            run.updated_at = now
-            event_store.save_run_fields(run, fields)
-            if "output" in fields:
-                # SPEC §9: a canopy-conclusion block ending the output is the run's conclusion.
-                conclude_from_output(run, run.output, actor=f"runner:{run.runner.name}")
-            fresh_usage = list(priced.values())
-            if fresh_usage and rollups.enabled():
-                budgeted = rollups.usage_added(run, _usage_totals(fresh_usage))
-                if budgeted:
-                    due = budgets.budgets_to_check(budgeted)
-            created_ms = int(now.timestamp() * 1000)
-            first_sequence = next_sequence - len(fresh) + 1
-            notify.run_changed(
-                run,
-                events=[
-                    live_event_row(first_sequence + offset, row, created_ms)
-                    for offset, row in enumerate(fresh)
-                ],
-            )
-            # Counted once stored: in a group commit that is after the group's commit.
-            stored = len(fresh)
-            transaction.on_commit(lambda: metrics.events_stored(stored))
-        answer = {"emitted": run.emitted, "sequence": run.last_sequence}
-    return answer, due
+        else:
+            pending.extend(values)
+        fields = ["last_sequence", "emitted", "updated_at"]
+        for event in params.events[replayed:]:
+            # "A result event sets the run's output", kept whole (not truncated).
+            if event.kind == "result" and event.text is not None:
+                run.output = event.text
+                if "output" not in fields:
+                    fields.append("output")
+        activity = activity_of(fresh)
+        if activity is not None:
+            run.activity = activity
+            run.activity_at = now
+            fields += ["activity", "activity_at"]
+        run.last_sequence = next_sequence
+        run.emitted = next_index
+        run.updated_at = now
+        event_store.save_run_fields(run, fields)
+        if "output" in fields:
+            # SPEC §9: a canopy-conclusion block ending the output is the run's conclusion.
+            conclude_from_output(run, run.output, actor=f"runner:{run.runner.name}")
+        fresh_usage = list(priced.values())
+        if fresh_usage and rollups.enabled():
+            budgeted = rollups.usage_added(run, _usage_totals(fresh_usage))
+            if budgeted:
+                due = budgets.budgets_to_check(budgeted)
+        created_ms = int(now.timestamp() * 1000)
+        first_sequence = next_sequence - len(fresh) + 1
+        notify.run_changed(
+            run,
+            events=[
+                live_event_row(first_sequence + offset, row, created_ms)
+                for offset, row in enumerate(fresh)
+            ],
+        )
+        # Counted once stored: in a group commit that is after the group's commit.
+        stored = len(fresh)
+        transaction.on_commit(lambda: metrics.events_stored(stored))
+    return {"emitted": run.emitted, "sequence": run.last_sequence}, due
 
 
 @retry_conflicts

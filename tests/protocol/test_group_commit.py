@@ -107,6 +107,23 @@ async def test_it_refuses_a_frame_of_a_group_alone_and_keeps_the_rest(runner, gr
     assert [row[0] for row in stream] == list(range(1, 206))  # gap-free, nothing twice
 
 
+async def test_it_checks_a_replay_against_events_of_the_same_group(runner, groups):
+    await runner.open("root-1")
+    await runner.send_raw(frame(1, "root-1", 1, *[text(f"a{i}") for i in range(200)]))
+    await runner.send_raw(frame(2, "root-1", 201, text("b"), text("c")))
+    await runner.send_raw(frame(3, "root-1", 202, text("c"), text("d")))  # replays c
+    await runner.send_raw(frame(4, "root-1", 203, text("not d")))  # conflicts with d
+    await runner.send_raw(frame(5, "root-1", 201, text("b"), text("c"), text("d")))
+    answers = {a["id"]: a for a in await _answers(runner, 5)}
+    assert max(groups) > 1, groups
+    assert answers[2]["result"] == {"emitted": 202, "sequence": 202}
+    assert answers[3]["result"] == {"emitted": 203, "sequence": 203}
+    assert "conflicts with the stored event number 203" in answers[4]["error"]["message"]
+    assert answers[5]["result"] == {"emitted": 203, "sequence": 203}
+    stream = await _stream("root-1")
+    assert [row[2] for row in stream[-3:]] == ["b", "c", "d"] and len(stream) == 203
+
+
 async def test_it_adds_pipelined_usage_once_and_stops_the_budget_after_the_commit(
     runner, groups, monkeypatch
 ):
