@@ -216,6 +216,7 @@ def fleet(
     fanout: str = "process",
     layer: str = "core",
     via: str = "direct",
+    group_max: int | None = None,
 ):
     db = Database("postgres")
     try:
@@ -228,6 +229,8 @@ def fleet(
             "LIVE_MAX_SOCKETS_PER_USER": str(watchers + 10),
             "UPKEEP_IN_PROCESS": "false",
         }
+        if group_max is not None:
+            env["RUN_EVENT_GROUP_MAX"] = str(group_max)  # 1: every frame its own commit
         redis.Redis.from_url(REDIS_URL).flushdb()
         servers = [Server(db, **env) for _ in range(processes)]
         front = None
@@ -247,6 +250,10 @@ def fleet(
 
 
 CONFIGURATIONS = [
+    (1, 20, 200, "process", "core"),
+    # Before and after the group commit of pipelined frames, in the same run.
+    (2, 20, 200, "process", "core", "direct", 1),
+    (4, 200, 200, "process", "core", "direct", 1),
     (2, 20, 200, "socket", "core"),
     (2, 20, 200, "process", "core"),
     (2, 20, 200, "socket", "pubsub"),
@@ -267,7 +274,8 @@ def main(argv: list[str]) -> None:
         configs = [(int(p), int(n), float(r), *(rest or ["process"]))]
     for config in configs:
         key = "fleet_{}p_{}w_{:g}r_{}".format(*config[:4])
-        key += "".join(f"_{extra}" for extra in config[4:] if extra not in ("core", "direct"))
+        key += "".join(f"_{extra}" for extra in config[4:6] if extra not in ("core", "direct"))
+        key += "_ungrouped" if config[6:] == (1,) else ""
         figures = fleet(*config)
         for name, value in figures.items():
             results[f"{key}_{name}"] = value
