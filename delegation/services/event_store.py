@@ -39,7 +39,17 @@ _RUN_FIELDS = tuple(
     field.attname
     for field in Run._meta.concrete_fields
     if field.attname
-    in {"id", "runner_id", "root_id", "parent_id", "status", "emitted", "last_sequence", "ancestry"}
+    in {
+        "id",
+        "run_id",
+        "runner_id",
+        "root_id",
+        "parent_id",
+        "status",
+        "emitted",
+        "last_sequence",
+        "ancestry",
+    }
 )
 _ANCESTRY = _RUN_FIELDS.index("ancestry")
 
@@ -52,12 +62,18 @@ def _sql(vendor: str) -> dict[str, str]:
     columns = ", ".join(f"r.{quote(run.get_field(name).column)}" for name in _RUN_FIELDS)
     # OF r: PostgreSQL locks the run only; the runner row is read, as current_runner does.
     lock = " FOR UPDATE OF r" if vendor == "postgresql" else ""
+    select = (
+        f"SELECT {columns}, u.{quote('revoked_at')}, u.{quote('connection_generation')} "
+        f"FROM {quote(run.db_table)} r JOIN {quote(runner.db_table)} u "
+        f"ON u.{quote('id')} = r.{quote('runner_id')} "
+    )
     return {
-        "lock": (
-            f"SELECT {columns}, u.{quote('revoked_at')}, u.{quote('connection_generation')} "
-            f"FROM {quote(run.db_table)} r JOIN {quote(runner.db_table)} u "
-            f"ON u.{quote('id')} = r.{quote('runner_id')} "
-            f"WHERE r.{quote('run_id')} = %s AND r.{quote('runner_id')} = %s{lock}"
+        "lock": f"{select}WHERE r.{quote('run_id')} = %s AND r.{quote('runner_id')} = %s{lock}",
+        # Several runs of one runner, locked in primary-key order (ancestors first: a parent
+        # is created before its child), so two such locks cannot wait on each other.
+        "lock_many": (
+            f"{select}WHERE r.{quote('run_id')} IN ({{}}) AND r.{quote('runner_id')} = %s "
+            f"ORDER BY r.{quote('id')}{lock}"
         ),
         "update": f"UPDATE {quote(run.db_table)} SET {{}} WHERE {quote('id')} = %s",
         "events": f"{quote(Event._meta.db_table)} ({', '.join(map(quote, EVENT_COLUMNS))})",
@@ -76,8 +92,20 @@ def lock_own_run(run_id: str, runner_pk: int) -> tuple[Run, bool, int] | None:
     with connection.cursor() as cursor:
         cursor.execute(_sql(connection.vendor)["lock"], [run_id, runner_pk])
         found = cursor.fetchone()
-    if found is None:
-        return None
+    return None if found is None else _locked(found)
+
+
+def lock_own_runs(run_ids: list[str], runner_pk: int) -> dict[str, tuple[Run, bool, int]]:
+    """``lock_own_run`` of several runs in one statement, by runId (missing: not the
+    runner's)."""
+    sql = _sql(connection.vendor)["lock_many"].format(", ".join(["%s"] * len(run_ids)))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*run_ids, runner_pk])
+        found = [_locked(row) for row in cursor.fetchall()]
+    return {run.run_id: (run, revoked, generation) for run, revoked, generation in found}
+
+
+def _locked(found) -> tuple[Run, bool, int]:
     values = list(found[: len(_RUN_FIELDS)])
     ancestry = Run._meta.get_field("ancestry")
     values[_ANCESTRY] = ancestry.from_db_value(values[_ANCESTRY], None, connection)
@@ -88,14 +116,27 @@ def lock_own_run(run_id: str, runner_pk: int) -> tuple[Run, bool, int] | None:
 
 def save_run_fields(run: Run, names: list[str]) -> None:
     """``run.save(update_fields=names)`` in one UPDATE, compiled once per set of fields."""
+    save_runs_fields([(run, names)])
+
+
+def save_runs_fields(changes: list[tuple[Run, list[str]]]) -> None:
+    """``save_run_fields`` of several runs: one ``executemany`` per set of fields, which
+    psycopg sends in one round trip (pipeline mode)."""
     db = connections[DEFAULT_DB_ALIAS]  # once: each access through the proxy looks it up
-    values = []
-    for name in names:
-        field = Run._meta.get_field(name)
-        values.append(field.get_db_prep_save(getattr(run, field.attname), db))
-    sql = _sql(db.vendor)["update"].format(_assignments(db.vendor, tuple(names)))
+    by_names: dict[tuple[str, ...], list[list]] = {}
+    for run, names in changes:
+        values = []
+        for name in names:
+            field = Run._meta.get_field(name)
+            values.append(field.get_db_prep_save(getattr(run, field.attname), db))
+        by_names.setdefault(tuple(names), []).append([*values, run.pk])
     with db.cursor() as cursor:
-        cursor.execute(sql, [*values, run.pk])
+        for names, rows in by_names.items():
+            sql = _sql(db.vendor)["update"].format(_assignments(db.vendor, names))
+            if len(rows) == 1:
+                cursor.execute(sql, rows[0])
+            else:
+                cursor.executemany(sql, rows)
 
 
 def insert_events(values: list[tuple]) -> None:

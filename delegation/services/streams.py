@@ -205,30 +205,49 @@ def _prepare(params: RunEventParams) -> tuple[list[dict], dict[int, Usage]]:
 def _append_group(conn: Connection, group: list[RunEventParams]) -> list[dict | RpcError]:
     outcomes: list[dict | RpcError] = []
     due: list[int] = []
-    # The group's events go in with one COPY at the end (one statement, not one a frame);
-    # a replay check reads the stored events, so it has what is pending written first.
-    pending: list[tuple] = []
-
-    def write_pending():
-        event_store.insert_events(pending)
-        pending.clear()
-
+    # One statement each for the group, not one a frame: the runs are locked together, the
+    # events go in with one COPY and the runs' counters with one UPDATE a set of fields, at
+    # the end; a replay check reads the stored events, so it has what is pending written
+    # first.
+    pending = _Pending()
     with transaction.atomic():
+        locked = event_store.lock_own_runs(sorted({p.run_id for p in group}), conn.runner_pk)
         for params in group:
             try:
                 rows, usages = _prepare(params)
-                run, replayed = _check_append(conn, params, rows, before_reading=write_pending)
+                run, replayed = _check_append(
+                    conn, params, rows, locked=locked, before_reading=pending.write
+                )
             except RpcError as exc:
                 outcomes.append(exc)
                 continue
             answer, frame_due = _store_append(params, rows, usages, run, replayed, pending)
             outcomes.append(answer)
             due += frame_due
-        if pending:
-            write_pending()
+        pending.write()
     if due:
         budgets.enforce(due)
     return outcomes
+
+
+class _Pending:
+    """What a group commit has yet to write: event rows, and the fields of each run."""
+
+    def __init__(self):
+        self.events: list[tuple] = []
+        self.runs: dict[int, tuple[Run, list[str]]] = {}
+
+    def update(self, run: Run, names: list[str]) -> None:
+        _run, fields = self.runs.setdefault(run.pk, (run, []))
+        fields.extend(name for name in names if name not in fields)
+
+    def write(self) -> None:
+        if self.events:
+            event_store.insert_events(self.events)
+            self.events = []
+        if self.runs:
+            event_store.save_runs_fields(list(self.runs.values()))
+            self.runs = {}
 
 
 def _usage_totals(priced) -> dict[str, int]:
@@ -254,12 +273,15 @@ def _append(conn: Connection, params: RunEventParams, rows, usages) -> tuple[dic
 
 
 def _check_append(
-    conn: Connection, params: RunEventParams, rows, before_reading=None
+    conn: Connection, params: RunEventParams, rows, *, locked=None, before_reading=None
 ) -> tuple[Run, int]:
     """The frame's run, locked, and how many of its events are replays; every refusal of a
     frame is raised here, before anything is written, so a frame refused in a group commit
     leaves the group's transaction as it found it (no savepoint needed)."""
-    found = event_store.lock_own_run(params.run_id, conn.runner_pk)
+    if locked is None:
+        found = event_store.lock_own_run(params.run_id, conn.runner_pk)
+    else:
+        found = locked.get(params.run_id)  # locked by the group: this frame's state so far
     if found is None:
         current_runner(conn, lock=False)  # a fenced caller hears that first
         raise RpcError(NO_SUCH_RUN, f"runId: no run {params.run_id!r} of this runner")
@@ -302,10 +324,11 @@ def _check_append(
 
 
 def _store_append(
-    params: RunEventParams, rows, usages, run: Run, replayed: int, pending: list | None = None
+    params: RunEventParams, rows, usages, run: Run, replayed: int, pending=None
 ) -> tuple[dict, list[int]]:
-    """Store what ``_check_append`` let through (it refuses nothing: see there); the events
-    are added to ``pending`` when given, for the caller to insert before its commit."""
+    """Store what ``_check_append`` let through (it refuses nothing: see there); with a
+    group's ``pending``, the events and the run's fields are left there for the group to
+    write before its commit."""
     due: list[int] = []
     # Priced here, inside the transaction, from the table as it is now (SPEC §10).
     priced = prices.price_rows(rows, {i: u for i, u in usages.items() if i >= replayed})
@@ -322,7 +345,7 @@ def _store_append(
         if pending is None:
             event_store.insert_events(values)
         else:
-            pending.extend(values)
+            pending.events += values
         fields = ["last_sequence", "emitted", "updated_at"]
         for event in params.events[replayed:]:
             # "A result event sets the run's output", kept whole (not truncated).
@@ -338,7 +361,10 @@ def _store_append(
         run.last_sequence = next_sequence
         run.emitted = next_index
         run.updated_at = now
-        event_store.save_run_fields(run, fields)
+        if pending is None:
+            event_store.save_run_fields(run, fields)
+        else:
+            pending.update(run, fields)
         if "output" in fields:
             # SPEC §9: a canopy-conclusion block ending the output is the run's conclusion.
             conclude_from_output(run, run.output, actor=f"runner:{run.runner.name}")
