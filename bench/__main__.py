@@ -40,8 +40,12 @@ STEPS = {
     # Issue 28: a retention pass's rows/s, and ingest during it vs without.
     "retention": lambda: __import__("bench.retention").retention.retention(),
     "fleet": lambda: fleet.main([]),
+    # Issue 26: an agent's stdout line to a live socket, on SQLite and on PostgreSQL + Redis.
+    "engines": lambda: __import__("bench.engines").engines.both(),
     # Issue 26 item 4: 1,000 runner sockets x 10 runs at 1 event/s each, two processes.
     "fleet10k": lambda: __import__("bench.fleet10k").fleet10k.fleet10k(),
+    # One runner socket with 50 agents at 1,000 frames/s, grouped and frame by frame.
+    "fleet_socket": lambda: __import__("bench.fleet10k").fleet10k.one_busy_socket(),
     # Approvals (issue 22): decision-to-tool latency on one and two processes, 200 waiting.
     "approvals": lambda: results.update(
         {k: round(v, 1) for k, v in __import__("bench.approvals").approvals.measure().items()}
@@ -59,7 +63,9 @@ DEFAULT_STEPS = [
     "stop",
     "sandbox",
     "traces",
+    "engines",
     "fleet",
+    "fleet_socket",
     "fleet10k",
 ]
 

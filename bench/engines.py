@@ -102,7 +102,7 @@ async def measure(server: Server, token: str, api_token: str) -> dict:
     return out
 
 
-def main(kind: str = "sqlite") -> None:
+def main(kind: str = "sqlite") -> dict:
     db = Database(kind)
     try:
         token = db.runner_token("engines")
@@ -116,6 +116,17 @@ def main(kind: str = "sqlite") -> None:
     finally:
         db.close()
     print(json.dumps({"database": kind, **result}, indent=2))
+    return result
+
+
+def both() -> None:
+    """``make bench``'s step: an agent's line to a live socket on each backend."""
+    from bench.table import results
+
+    for kind in ("sqlite", "postgres"):
+        figures = main(kind)
+        for name in ("events_per_second", "latency_p50_ms", "latency_p99_ms"):
+            results[f"engines_{kind}_{name}"] = figures.get(name)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,16 @@ from bench.table import notes, results
 from canopy.proxy import ForegroundNginx
 
 SECONDS = 5
-CONNECTING = asyncio.Semaphore(10)
+_handshakes: dict = {}
+
+
+def handshakes(limit: int) -> asyncio.Semaphore:
+    """At most ``limit`` handshakes at once (more overflow a loaded daphne's accept queue);
+    one semaphore per event loop, since each configuration runs in a loop of its own."""
+    loop = asyncio.get_running_loop()
+    return _handshakes.setdefault((loop, limit), asyncio.Semaphore(limit))
+
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -107,7 +116,7 @@ async def pipelined(
 
 async def _watch(url: str, api_token: str, run_id: str, seen: list, ready: asyncio.Event):
     """A live socket recording (send time, arrival time) of every event, in ns."""
-    async with CONNECTING:  # 200 handshakes at once overflow a loaded daphne's accept queue
+    async with handshakes(10):
         for attempt in range(5):
             try:
                 ws = await websockets.connect(

@@ -19,15 +19,13 @@ import time
 import redis
 import websockets
 
-from bench.fleet import _cpu_seconds
+from bench.fleet import _cpu_seconds, handshakes
 from bench.push import _percentile
 from bench.rpc import Runner
 from bench.servers import PG_ADMIN_URL, REDIS_URL, Database, Server
 from bench.table import notes, results
 
 SECONDS = 15
-# Handshakes at once: more overflow a loaded daphne's accept queue.
-CONNECTING = asyncio.Semaphore(20)
 
 
 def _pg_connections(db: Database) -> int:
@@ -61,7 +59,7 @@ class Socket:
         self.ids = itertools.count(1000)
 
     async def open(self):
-        async with CONNECTING:
+        async with handshakes(20):
             for attempt in range(5):
                 try:
                     self.runner = await Runner.connect(self.url, self.token)
@@ -180,7 +178,13 @@ async def _measure(db, servers, tokens, runs, rate, seconds) -> dict:
     }
 
 
-def fleet10k(sockets: int = 1000, runs: int = 10, rate: float = 1.0, processes: int = 2):
+def fleet10k(
+    sockets: int = 1000,
+    runs: int = 10,
+    rate: float = 1.0,
+    processes: int = 2,
+    group_max: int | None = None,
+):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     # Inherited by the servers: each holds half the sockets plus its database connections.
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
@@ -189,6 +193,8 @@ def fleet10k(sockets: int = 1000, runs: int = 10, rate: float = 1.0, processes: 
         tokens = json.loads(db.python("bench.seed", "runners", "--runs", str(sockets)))["tokens"]
         redis.Redis.from_url(REDIS_URL).flushdb()
         env = {"REDIS_URL": REDIS_URL, "LIVE_FANOUT": "process", "UPKEEP_IN_PROCESS": "false"}
+        if group_max is not None:
+            env["RUN_EVENT_GROUP_MAX"] = str(group_max)  # 1: every frame its own commit
         servers = [Server(db, **env) for _ in range(processes)]
         try:
             figures = asyncio.run(_measure(db, servers, tokens, runs, rate, SECONDS))
@@ -197,11 +203,18 @@ def fleet10k(sockets: int = 1000, runs: int = 10, rate: float = 1.0, processes: 
                 server.stop()
     finally:
         db.close()
-    key = f"fleet10k_{sockets}s_{runs}r_{processes}p"
+    key = f"fleet10k_{sockets}s_{runs}r_{processes}p" + ("_ungrouped" if group_max == 1 else "")
     for name, value in figures.items():
         results[f"{key}_{name}"] = value
     print(key, json.dumps(figures), flush=True)
     return figures
+
+
+def one_busy_socket() -> None:
+    """One runner socket multiplexing 50 agents at 20 frames/s each (1,000 frames/s): with
+    the group commit of frames waiting behind each other, and with every frame alone."""
+    fleet10k(1, 50, 20.0, 1)
+    fleet10k(1, 50, 20.0, 1, group_max=1)
 
 
 def main(argv: list[str]) -> None:

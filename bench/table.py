@@ -56,6 +56,8 @@ TARGETS = [
     ("trace_export_spans_per_s", None, None),
     ("trace_export_10k_runs_seconds", "<=", 60),
     # Issue 26 (bench.fleet): at 200 events/s actually sent, per-process fan-out.
+    ("engines_postgres_latency_p50_ms", "<=", 15),
+    ("engines_postgres_latency_p99_ms", "<=", 60),
     ("fleet_1p_20w_200r_process_push_p99_ms", "<=", 25),
     ("fleet_2p_20w_200r_process_push_p99_ms", "<=", 50),
     ("fleet_4p_200w_200r_process_push_p99_ms", "<=", 100),
@@ -63,6 +65,7 @@ TARGETS = [
     ("fleet_4p_200w_200r_process_doorbells_taken_per_event", "<=", 4),
     ("fleet_2p_20w_200r_process_live_reads_per_event_per_process", "<=", 1),
     ("fleet_4p_200w_200r_process_live_reads_per_event_per_process", "<=", 1),
+    ("fleet10k_1s_50r_1p_answer_p99_ms", "<=", 250),
     # Issue 26 (bench.fleet10k): 10,000 agents on 1,000 runner sockets over two processes.
     ("fleet10k_1000s_10r_2p_answer_p99_ms", "<=", 250),
     ("fleet10k_1000s_10r_2p_refused", "<=", 0),
