@@ -12,6 +12,7 @@ commit in progress goes at once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
 
 from django.conf import settings
@@ -19,7 +20,10 @@ from django.db import connection as db_connection
 
 from delegation import notify, rpc
 from delegation.database_calls import claim, collecting, on_database, queued_for
+from delegation.errors import INTERNAL_ERROR, RpcError
 from delegation.services.identity import Connection
+
+log = logging.getLogger(__name__)
 
 _per_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -36,14 +40,37 @@ def frame_groups() -> FrameGroups:
 def _commit(calls: list[tuple[Connection, list]]) -> tuple[list, dict]:
     """On a database thread: every call's frames in one go, then the commands each call
     queued for its runner (a budget stop), claimed here as a lone call's are."""
-    outcomes, error, bells, _commands = collecting(rpc.append_event_frames_of, calls)
-    if error is not None:  # the database was lost twice: every frame may be sent again
-        outcomes = [[error] * len(raw_frames) for _conn, raw_frames in calls]
+    try:
+        outcomes, bells = _store(calls)
+    except Exception:
+        if len(calls) == 1:
+            raise
+        # One socket's frames broke the shared transaction (none of it was kept): each
+        # socket's frames again on their own, so only that socket hears of it.
+        log.exception(
+            "a group commit of %d sockets' frames failed; committing each alone", len(calls)
+        )
+        outcomes, bells = [], {}
+        for conn, raw_frames in calls:
+            try:
+                [own], rung = _store([(conn, raw_frames)])
+            except Exception:
+                log.exception("run.event frames of runner %s failed", conn.runner_pk)
+                own, rung = [RpcError(INTERNAL_ERROR, "internal error")] * len(raw_frames), {}
+            outcomes.append(own)
+            bells.update(rung)
     answers = []
     for (conn, _raw_frames), frame_outcomes in zip(calls, outcomes, strict=True):
         commands = claim(conn) if queued_for(conn, bells) else []
         answers.append((frame_outcomes, commands))
     return answers, bells
+
+
+def _store(calls: list[tuple[Connection, list]]) -> tuple[list, dict]:
+    outcomes, error, bells, _commands = collecting(rpc.append_event_frames_of, calls)
+    if error is not None:  # the database was lost twice: every frame may be sent again
+        outcomes = [[error] * len(raw_frames) for _conn, raw_frames in calls]
+    return outcomes, bells
 
 
 def _commits_at_once() -> int:

@@ -10,11 +10,11 @@ can fail if none did.
 import json
 
 import pytest
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from delegation import notify, rpc
 from delegation.models import Event, Run, RunRollup
-from delegation.services import streams
+from delegation.services import event_store, streams
 from delegation.services.identity import Connection
 from delegation.wire import RunEventParams, parse_model
 from tests.support.rpc import adb
@@ -133,6 +133,48 @@ async def test_it_commits_frames_of_several_sockets_together(runner, make_client
         assert stream[-1][2] == f"{run_id}-30"
     shared = [call for call in commits if len({conn.runner_pk for conn, _ in call}) > 1]
     assert shared, commits  # at least one commit held both runners' frames
+
+
+async def test_it_keeps_one_sockets_failing_frame_from_failing_anothers(
+    runner, make_client, commits, monkeypatch
+):
+    from tests.support.rpc import create_runner_async
+
+    real_insert = event_store.insert_events
+
+    def insert_unless_poisoned(values):
+        if any(row["text"] == "poison" for *_fields, row in values):
+            raise IntegrityError("a row the database refuses")
+        return real_insert(values)
+
+    monkeypatch.setattr(event_store, "insert_events", insert_unless_poisoned)
+    other = await make_client(await create_runner_async("runner-b"))
+    await runner.open("root-a")
+    await other.open("root-b")
+    await runner.send_raw(frame(1, "root-a", 1, *[text(f"x{i}") for i in range(300)]))
+    await other.send_raw(frame(1, "root-b", 1, *[text(f"x{i}") for i in range(300)]))
+    for index in range(2, 61):
+        await runner.send_raw(frame(index, "root-a", 299 + index, text(f"a{index}")))
+        if index < 20:
+            await other.send_raw(frame(index, "root-b", 299 + index, text(f"b{index}")))
+    await other.send_raw(frame(20, "root-b", 319, text("poison")))
+    answers = await _answers(runner, 60)
+    assert [a["result"]["emitted"] for a in answers] == [300, *range(301, 360)]
+    # The other socket's frames handed in with the poison (one call) fail with it, as they
+    # would alone; those before it are stored.
+    theirs = await _answers(other, 20)
+    stored = [a for a in theirs if "result" in a]
+    assert theirs[: len(stored)] == stored and stored, theirs
+    assert [a["result"]["emitted"] for a in stored] == [300, *range(301, 299 + len(stored))]
+    assert {a["error"]["code"] for a in theirs[len(stored) :]} == {-32603}
+    poisoned = [
+        call
+        for call in commits
+        if len(call) > 1 and any("poison" in json.dumps(frames) for _conn, frames in call)
+    ]
+    assert poisoned, commits  # the poison did meet the other socket's frames in one commit
+    assert len(await _stream("root-a")) == 359
+    assert len(await _stream("root-b")) == 299 + len(stored)
 
 
 async def test_it_checks_a_replay_against_events_of_the_same_group(runner, commits):
