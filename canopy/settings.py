@@ -298,9 +298,10 @@ OUTBOX_RESEND_SECONDS = env_float("OUTBOX_RESEND_SECONDS", 5.0, minimum=0.05)
 RUNNER_SILENT_SECONDS = env_float(
     "RUNNER_SILENT_SECONDS", max(15.0, 3 * OUTBOX_RESEND_SECONDS), minimum=OUTBOX_RESEND_SECONDS
 )
-# Consecutive run.event frames of one runner socket committed in one transaction, when they
-# are already waiting (a group commit; each frame is still answered on its own). 1 commits
-# every frame alone, as the benchmark does to measure the difference.
+# The most run.event frames one transaction commits: a runner socket's frames waiting behind
+# each other, with what the process's other sockets hand in meanwhile (a group commit; each
+# frame is still answered on its own). 1 commits every frame alone, as the benchmark does to
+# measure the difference.
 RUN_EVENT_GROUP_MAX = env_int("RUN_EVENT_GROUP_MAX", 100, minimum=1)
 # --- Approvals (SPEC §11) ---
 # A pending approval nobody decides within this is denied (status expired).

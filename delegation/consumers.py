@@ -5,8 +5,9 @@ method to ``delegation.rpc`` (which validates params and calls the typed service
 server-to-runner commands from the outbox. Frames are handled one at a time in arrival order,
 which is what makes ``run.event`` numbering meaningful; only the wait of
 ``child.lease.release`` runs aside, because the children it waits for finish through frames
-on this very connection. Consecutive ``run.event`` frames already waiting when their turn
-comes are committed together (a group commit) and still answered one by one, in order.
+on this very connection. ``run.event`` frames (with those already waiting behind them) go to
+the process's group commit (``delegation.frame_groups``) and are still answered one by one,
+in order.
 """
 
 from __future__ import annotations
@@ -18,15 +19,13 @@ import time
 from collections import deque
 
 from channels.consumer import get_handler_name
-from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
-from django.db import InterfaceError, OperationalError
-from django.db import connection as db_connection
 
 from delegation import depth as depthlib
 from delegation import metrics, notify, rpc, socket_fences, upkeep
+from delegation.database_calls import claim, collecting, on_database
 from delegation.errors import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
@@ -35,10 +34,10 @@ from delegation.errors import (
     STALE_CONNECTION,
     RpcError,
 )
+from delegation.frame_groups import frame_groups
 from delegation.layers import recently_faulted, until_faulted
 from delegation.protocol import CLOSE_FENCED, CLOSE_UNAUTHORIZED, MAX_FRAME_BYTES, bearer_token
 from delegation.services import answers, operator, outbox, runners, tokens
-from delegation.services.locks import is_lost_connection
 from delegation.wire import dumps, loads_strict, refuse_nul
 
 log = logging.getLogger(__name__)
@@ -66,82 +65,6 @@ def _base_url(scope) -> str:
         server = scope.get("server") or ("127.0.0.1", 80)
         host = f"{server[0]}:{server[1]}"
     return f"{scheme}://{host}"
-
-
-def _claim(conn) -> list:
-    """This connection's unsent commands, claimed once more on a fresh database connection
-    when a lost one cut the first try off; [] when even that fails (the next doorbell or the
-    poll sends them: a claim never turns into an error for a call already answered)."""
-    for attempt in (1, 2):
-        try:
-            return outbox.claim_commands(conn)
-        except (OperationalError, InterfaceError) as exc:
-            if not is_lost_connection(exc):
-                break
-            log.warning("database connection lost claiming commands (attempt %d)", attempt)
-            with contextlib.suppress(Exception):
-                db_connection.close()
-        except Exception:
-            break
-    log.warning("could not claim commands for runner %s", conn.runner_pk, exc_info=True)
-    return []
-
-
-def _queued_for(conn, bells: dict) -> bool:
-    """Whether the call queued commands for this runner (its outbox doorbell is among the
-    call's): run.event through a budget stop, child.start, a cancel, a steer, a release..."""
-    ring = bells.get((notify.runner_group(conn.runner_pk), None))
-    return ring is not None and ring.get("type") == "outbox.ring"
-
-
-def _collecting(function, *args, claim_for=None):
-    # A refusal may follow a commit (a depth refusal stores its event), so its doorbells
-    # are returned alongside the error rather than lost with it.
-    #
-    # Every runner method is idempotent (run.event by `from`, run.finish by state, child.*
-    # by requestId or by state, an answer by its command), so work cut off by a lost
-    # database connection is tried once more on a fresh one; if that fails too the runner
-    # is told the failure is retryable (-32603, data.retryable) and the SDK sends it again.
-    #
-    # With ``claim_for`` (the caller's connection), the commands the call queued for that
-    # runner are claimed on this same database thread, within the same lost-connection
-    # retry, so the socket sends them right after its answer.
-    collected: dict = {}
-    for attempt in (1, 2):
-        with notify.collect() as bells:
-            try:
-                result = function(*args)
-                collected.update(bells)
-                commands = []
-                if claim_for is not None and _queued_for(claim_for, collected):
-                    commands = _claim(claim_for)
-                return result, None, collected, commands
-            except RpcError as exc:
-                collected.update(bells)
-                return None, exc, collected, []
-            except (OperationalError, InterfaceError) as exc:
-                collected.update(bells)
-                if not is_lost_connection(exc):
-                    raise
-                log.warning("database connection lost (attempt %d): %s", attempt, exc)
-                with contextlib.suppress(Exception):
-                    db_connection.close()
-    error = RpcError(
-        INTERNAL_ERROR,
-        "database unavailable; the call changed nothing that a retry would repeat: retry it",
-        data={"retryable": True},
-    )
-    return None, error, collected, []
-
-
-def on_database(function):
-    """``function`` on a database thread: any free one on PostgreSQL, the one shared thread
-    on SQLite (a single writer).
-
-    Not channels' default everywhere: its one thread per process is shared by every socket's
-    outbox claims and polls and every sync view, so on PostgreSQL a cancel's flush waited in
-    that queue for seconds under load (issue 20)."""
-    return database_sync_to_async(function, thread_sensitive=db_connection.vendor != "postgresql")
 
 
 def _valid_rpc_id(value) -> bool:
@@ -281,9 +204,9 @@ class RunnerConsumer(AsyncWebsocketConsumer):
 
     def _run_events_waiting(self, text_data: str | None) -> list[dict] | None:
         """This ``run.event`` and the ones right behind it in the inbox (at most
-        RUN_EVENT_GROUP_MAX), when there are any; None sends the frame the one-by-one way,
+        RUN_EVENT_GROUP_MAX), for the group commit; None sends the frame the one-by-one way,
         which also answers whatever is wrong with it."""
-        if not self.inbox or not self.conn.generation or self.fenced:
+        if not self.conn.generation or self.fenced:
             return None
         limit = settings.RUN_EVENT_GROUP_MAX
         first = _plain_run_event(text_data) if limit > 1 else None
@@ -296,18 +219,17 @@ class RunnerConsumer(AsyncWebsocketConsumer):
                 break
             self.inbox.popleft()
             group.append(frame)
-        return group if len(group) > 1 else None
+        return group
 
     async def _append_group(self, frames: list[dict]):
+        # Committed with what other sockets of this process hand in meanwhile (frame_groups).
         try:
-            outcomes, commands = await self._run(
-                rpc.append_event_frames,
-                self.conn,
-                [f.get("params", {}) for f in frames],
-                claim=True,
+            outcomes, commands = await frame_groups().append(
+                self.conn, [f.get("params", {}) for f in frames]
             )
-        except RpcError as exc:  # the database was lost twice: every frame may be sent again
-            outcomes, commands = [exc] * len(frames), []
+        except Exception:
+            log.exception("runner socket: a group of %d run.event frames failed", len(frames))
+            outcomes, commands = [RpcError(INTERNAL_ERROR, "internal error")] * len(frames), []
         for frame, outcome in zip(frames, outcomes, strict=True):
             has_id = "id" in frame
             if isinstance(outcome, RpcError):
@@ -428,7 +350,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         connection), so one runner's commit does not wait behind another's; a socket's own
         frames still run one after another, in order, as the consumer awaits each. SQLite has
         one writer: its calls share one thread, as channels does by default."""
-        result, error, bells, commands = await on_database(_collecting)(
+        result, error, bells, commands = await on_database(collecting)(
             function, *args, claim_for=self.conn if claim else None
         )
         if bells:
@@ -526,7 +448,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if self.conn is None or not self.conn.generation or self.fenced:
             return
         while True:
-            commands = await on_database(_claim)(self.conn)
+            commands = await on_database(claim)(self.conn)
             async with self.outbox_lock:
                 for command in commands:
                     await self._send(

@@ -39,23 +39,31 @@ def append_events(conn: Connection, raw_params) -> dict:
         return streams.append_events(conn, parse_model(RunEventParams, raw_params))
 
 
-def append_event_frames(conn: Connection, raw_frames: list) -> list[dict | RpcError]:
-    """Consecutive ``run.event`` frames of one socket in one commit; each frame's answer or
-    refusal, in order (a frame whose params do not decode is refused on its own)."""
-    parsed: list[RunEventParams] = []
-    decoded: list[RpcError | None] = []
-    for raw in raw_frames:
-        try:
-            parsed.append(parse_model(RunEventParams, raw))
-            decoded.append(None)
-        except RpcError as exc:
-            decoded.append(exc)
+def append_event_frames_of(calls: list[tuple[Connection, list]]) -> list[list[dict | RpcError]]:
+    """Several sockets' ``run.event`` frames in one commit: for each call, each frame's
+    answer or refusal, in order (a frame whose params do not decode is refused on its own)."""
+    parsed: list[tuple[Connection, list[RunEventParams]]] = []
+    decoded: list[list[RpcError | None]] = []
+    for conn, raw_frames in calls:
+        frames, refusals = [], []
+        for raw in raw_frames:
+            try:
+                frames.append(parse_model(RunEventParams, raw))
+                refusals.append(None)
+            except RpcError as exc:
+                refusals.append(exc)
+        parsed.append((conn, frames))
+        decoded.append(refusals)
     started = time.perf_counter()
-    stored = iter(streams.append_event_frames(conn, parsed))
+    stored = streams.append_event_frames_of(parsed)
     took = time.perf_counter() - started
-    for _frame in parsed:
-        metrics.INGEST_SECONDS.observe(took)  # every frame of the group waited for its commit
-    return [next(stored) if refusal is None else refusal for refusal in decoded]
+    answers = []
+    for refusals, outcomes in zip(decoded, stored, strict=True):
+        for _outcome in outcomes:
+            metrics.INGEST_SECONDS.observe(took)  # every frame of the group waited for its commit
+        outcomes = iter(outcomes)
+        answers.append([next(outcomes) if refusal is None else refusal for refusal in refusals])
+    return answers
 
 
 def finish_run(conn: Connection, raw_params) -> dict:

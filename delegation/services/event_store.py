@@ -72,7 +72,7 @@ def _sql(vendor: str) -> dict[str, str]:
         # Several runs of one runner, locked in primary-key order (ancestors first: a parent
         # is created before its child), so two such locks cannot wait on each other.
         "lock_many": (
-            f"{select}WHERE r.{quote('run_id')} IN ({{}}) AND r.{quote('runner_id')} = %s "
+            f"{select}WHERE (r.{quote('runner_id')}, r.{quote('run_id')}) IN ({{}}) "
             f"ORDER BY r.{quote('id')}{lock}"
         ),
         "update": f"UPDATE {quote(run.db_table)} SET {{}} WHERE {quote('id')} = %s",
@@ -95,14 +95,14 @@ def lock_own_run(run_id: str, runner_pk: int) -> tuple[Run, bool, int] | None:
     return None if found is None else _locked(found)
 
 
-def lock_own_runs(run_ids: list[str], runner_pk: int) -> dict[str, tuple[Run, bool, int]]:
-    """``lock_own_run`` of several runs in one statement, by runId (missing: not the
-    runner's)."""
-    sql = _sql(connection.vendor)["lock_many"].format(", ".join(["%s"] * len(run_ids)))
+def lock_own_runs(runs: list[tuple[int, str]]) -> dict[tuple[int, str], tuple[Run, bool, int]]:
+    """``lock_own_run`` of several (runner pk, runId) in one statement, keyed the same way
+    (missing: no such run of that runner)."""
+    sql = _sql(connection.vendor)["lock_many"].format(", ".join(["(%s, %s)"] * len(runs)))
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*run_ids, runner_pk])
+        cursor.execute(sql, [value for pair in runs for value in pair])
         found = [_locked(row) for row in cursor.fetchall()]
-    return {run.run_id: (run, revoked, generation) for run, revoked, generation in found}
+    return {(run.runner_id, run.run_id): (run, revoked, gen) for run, revoked, gen in found}
 
 
 def _locked(found) -> tuple[Run, bool, int]:

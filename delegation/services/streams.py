@@ -169,24 +169,31 @@ def append_events(conn: Connection, params: RunEventParams) -> dict:
     return answer
 
 
-def append_event_frames(conn: Connection, frames: list[RunEventParams]) -> list[dict | RpcError]:
-    """Consecutive ``run.event`` frames of one connection, committed together (group commit).
+def append_event_frames_of(
+    calls: list[tuple[Connection, list[RunEventParams]]],
+) -> list[list[dict | RpcError]]:
+    """Consecutive ``run.event`` frames of one or several connections, committed together
+    (group commit); for each call, each frame's answer or RpcError, in order.
 
     Each frame is checked, stored or refused exactly as ``append_events`` would one after
     another: a refused frame is refused before it writes anything, so it changes nothing and
-    the next sees the state before it; the answer of each (or its RpcError) comes back in order. A frame
-    carrying usage ends its group, so the rollup rows stay the last locks a transaction takes
-    (the lock order in ``services.locks``)."""
+    the next sees the state before it. A frame carrying usage ends its transaction, so the
+    rollup rows stay the last locks a transaction takes (the lock order in
+    ``services.locks``)."""
+    frames = [(index, conn, params) for index, (conn, own) in enumerate(calls) for params in own]
     outcomes: list[dict | RpcError] = []
-    group: list[RunEventParams] = []
-    for params in frames:
-        group.append(params)
+    group: list[tuple[Connection, RunEventParams]] = []
+    for _index, conn, params in frames:
+        group.append((conn, params))
         if any(event.kind == "usage" for event in params.events):
-            outcomes += _append_group(conn, group)
+            outcomes += _append_group(group)
             group = []
     if group:
-        outcomes += _append_group(conn, group)
-    return outcomes
+        outcomes += _append_group(group)
+    answers: list[list[dict | RpcError]] = [[] for _call in calls]
+    for (index, _conn, _params), outcome in zip(frames, outcomes, strict=True):
+        answers[index].append(outcome)
+    return answers
 
 
 def _prepare(params: RunEventParams) -> tuple[list[dict], dict[int, Usage]]:
@@ -202,7 +209,7 @@ def _prepare(params: RunEventParams) -> tuple[list[dict], dict[int, Usage]]:
 
 
 @retry_conflicts
-def _append_group(conn: Connection, group: list[RunEventParams]) -> list[dict | RpcError]:
+def _append_group(group: list[tuple[Connection, RunEventParams]]) -> list[dict | RpcError]:
     outcomes: list[dict | RpcError] = []
     due: list[int] = []
     # One statement each for the group, not one a frame: the runs are locked together, the
@@ -211,8 +218,10 @@ def _append_group(conn: Connection, group: list[RunEventParams]) -> list[dict | 
     # first.
     pending = _Pending()
     with transaction.atomic():
-        locked = event_store.lock_own_runs(sorted({p.run_id for p in group}), conn.runner_pk)
-        for params in group:
+        locked = event_store.lock_own_runs(
+            sorted({(conn.runner_pk, params.run_id) for conn, params in group})
+        )
+        for conn, params in group:
             try:
                 rows, usages = _prepare(params)
                 run, replayed = _check_append(
@@ -281,7 +290,8 @@ def _check_append(
     if locked is None:
         found = event_store.lock_own_run(params.run_id, conn.runner_pk)
     else:
-        found = locked.get(params.run_id)  # locked by the group: this frame's state so far
+        # Locked by the group: the run as the group's frames before this one left it.
+        found = locked.get((conn.runner_pk, params.run_id))
     if found is None:
         current_runner(conn, lock=False)  # a fenced caller hears that first
         raise RpcError(NO_SUCH_RUN, f"runId: no run {params.run_id!r} of this runner")

@@ -1,0 +1,127 @@
+"""The group commit of ``run.event`` frames across the runner sockets of one process.
+
+A socket hands its ``run.event`` frames here (one, or several that were waiting behind each
+other) and waits for their answers before it takes its next frame, so its own frames stay
+in order. Meanwhile the frames other sockets hand in wait, and go together into the next
+transaction: one thread hop, one lock statement, one ``COPY``, one commit and one round of
+doorbells for all of them, each frame still answered on its own
+(``streams.append_event_frames_of``). Nothing waits to fill a group: a frame that finds no
+commit in progress goes at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+
+from django.conf import settings
+from django.db import connection as db_connection
+
+from delegation import notify, rpc
+from delegation.database_calls import claim, collecting, on_database, queued_for
+from delegation.errors import INTERNAL_ERROR, RpcError
+from delegation.services.identity import Connection
+
+log = logging.getLogger(__name__)
+
+_per_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def frame_groups() -> FrameGroups:
+    """This event loop's (one a server process; the test suite runs a loop per test)."""
+    loop = asyncio.get_running_loop()
+    groups = _per_loop.get(loop)
+    if groups is None:
+        groups = _per_loop[loop] = FrameGroups()
+    return groups
+
+
+def _commit(calls: list[tuple[Connection, list]]) -> tuple[list, dict]:
+    """On a database thread: every call's frames in one go, then the commands each call
+    queued for its runner (a budget stop), claimed here as a lone call's are."""
+    try:
+        outcomes, bells = _store(calls)
+    except Exception:
+        if len(calls) == 1:
+            raise
+        # One socket's frames broke the shared transaction (none of it was kept): each
+        # socket's frames again on their own, so only that socket hears of it.
+        log.exception(
+            "a group commit of %d sockets' frames failed; committing each alone", len(calls)
+        )
+        outcomes, bells = [], {}
+        for conn, raw_frames in calls:
+            try:
+                [own], rung = _store([(conn, raw_frames)])
+            except Exception:
+                log.exception("run.event frames of runner %s failed", conn.runner_pk)
+                own, rung = [RpcError(INTERNAL_ERROR, "internal error")] * len(raw_frames), {}
+            outcomes.append(own)
+            bells.update(rung)
+    answers = []
+    for (conn, _raw_frames), frame_outcomes in zip(calls, outcomes, strict=True):
+        commands = claim(conn) if queued_for(conn, bells) else []
+        answers.append((frame_outcomes, commands))
+    return answers, bells
+
+
+def _store(calls: list[tuple[Connection, list]]) -> tuple[list, dict]:
+    outcomes, error, bells, _commands = collecting(rpc.append_event_frames_of, calls)
+    if error is not None:  # the database was lost twice: every frame may be sent again
+        outcomes = [[error] * len(raw_frames) for _conn, raw_frames in calls]
+    return outcomes, bells
+
+
+def _commits_at_once() -> int:
+    # Two on PostgreSQL, so a slow group (a budget stop cancelling a large subtree runs
+    # before its frames are answered) never holds up every socket of the process; SQLite
+    # has one writer.
+    return 2 if db_connection.vendor == "postgresql" else 1
+
+
+class FrameGroups:
+    def __init__(self):
+        self.waiting: list[tuple[Connection, list, asyncio.Future]] = []
+        self.committing = 0
+
+    async def append(self, conn: Connection, raw_frames: list) -> tuple[list, list]:
+        """Each frame's answer or RpcError, in order, and the commands queued for the
+        caller's runner."""
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.append((conn, raw_frames, future))
+        if self.committing < _commits_at_once():
+            self.committing += 1
+            asyncio.ensure_future(self._commit_waiting())
+        return await future
+
+    async def _commit_waiting(self):
+        try:
+            while self.waiting:
+                batch = self._take()
+                try:
+                    answers, bells = await on_database(_commit)([(c, f) for c, f, _ in batch])
+                except Exception as exc:  # every socket waiting on this commit hears it
+                    answers, bells, failure = None, {}, exc
+                if bells:
+                    await notify.ring_collected(bells)
+                for index, (_conn, _frames, future) in enumerate(batch):
+                    if future.done():
+                        continue  # its socket went away meanwhile
+                    if answers is None:
+                        future.set_exception(failure)
+                    else:
+                        future.set_result(answers[index])
+        finally:
+            self.committing -= 1
+
+    def _take(self) -> list:
+        """The waiting calls, oldest first, up to RUN_EVENT_GROUP_MAX frames in all (a call
+        is never split: its frames are one socket's, in order)."""
+        batch, frames = [], 0
+        limit = settings.RUN_EVENT_GROUP_MAX
+        while self.waiting and (not batch or frames + len(self.waiting[0][1]) <= limit):
+            entry = self.waiting.pop(0)
+            batch.append(entry)
+            frames += len(entry[1])
+        return batch
