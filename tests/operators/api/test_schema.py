@@ -106,9 +106,10 @@ def _aimed(case) -> bool:
     return hashlib.sha256(material.encode()).digest()[0] % 2 == 0
 
 
-def aim_at_real_resources(case, world) -> None:
+def aim_at_real_resources(case, world, *, always: bool = False) -> None:
     """Half the cases address a resource that exists, so success responses are checked
-    against their schemas too (a random id only ever reaches the 404 branch)."""
+    against their schemas too (a random id only ever reaches the 404 branch); ``always``,
+    every case, until one of the operation has succeeded."""
     body = case.body
     if isinstance(body, dict) and {"runner", "profile", "message"} <= set(body):
         # A launch names a connected runner and one of its presets in every case (a random
@@ -121,7 +122,7 @@ def aim_at_real_resources(case, world) -> None:
             current = body.get(name)
             if type(current) is str and 1 <= len(current.encode("utf-16-le")) // 2 <= 128:
                 body[name] = value
-    if not _aimed(case):
+    if not always and not _aimed(case):
         return
     real = {
         "runId": world.child["runId"],
@@ -149,6 +150,11 @@ def aim_at_real_resources(case, world) -> None:
     suppress_health_check=list(HealthCheck),
 )
 def test_it_conforms_to_its_openapi_document(case, operator_world):
-    aim_at_real_resources(case, operator_world)
+    # Until one case of the operation has succeeded, every case is aimed: which half the
+    # hash picks depends on what Hypothesis generates, and that changes with the strings
+    # it collects from the code under test, so an operation could go without any real id
+    # (two CI runs: GET approvals/{id}, then GET runs/{id}/approval-policy never saw a 2xx).
+    succeeded = any(200 <= status < 300 for status in _current["statuses"])
+    aim_at_real_resources(case, operator_world, always=not succeeded)
     response = case.call_and_validate()
     _current["statuses"].append(response.status_code)
