@@ -70,7 +70,7 @@ WEBHOOK_OUTCOMES = Counter(
 )
 INGEST_SECONDS = Histogram(
     "canopy_ingest_seconds",
-    "Time to validate and commit one run.event frame",
+    "Time to validate and commit one run.event frame (in a group commit: the group's)",
     buckets=LATENCY_BUCKETS,
 )
 PUSH_SECONDS = Histogram(
