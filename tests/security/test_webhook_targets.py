@@ -104,6 +104,17 @@ def create(admin, url: str):
         ("https://10.0.0.1/", "private address"),
         ("https://192.168.1.20:8443/hook", "private address"),
         ("https://[::ffff:10.0.0.1]/", "private address"),
+        # Issue 35: IPv6 forms that carry an IPv4 address to a translator or tunnel.
+        ("https://[64:ff9b::a9fe:a9fe]/", "embeds 169.254.169.254"),
+        ("https://[64:ff9b::7f00:1]/", "embeds 127.0.0.1"),
+        ("https://[64:ff9b:1::a00:1]/", "embeds 10.0.0.1"),
+        ("https://[2002:a9fe:a9fe::1]/", "embeds 169.254.169.254"),
+        ("https://[2002:c0a8:114::1]/", "embeds 192.168.1.20"),
+        ("https://[::a9fe:a9fe]/", "embeds 169.254.169.254"),
+        ("https://[::a00:1]/", "embeds 10.0.0.1"),
+        ("https://[::ffff:169.254.169.254]/", "embeds 169.254.169.254"),
+        ("https://[2001:0:4136:e378:8000:63bf:f5ff:fefe]/", "embeds 10.0.1.1"),
+        ("https://v6.example/", "'v6.example' resolves to 64:ff9b::a9fe:a9fe"),
         ("https://169.254.10.1/", "link-local"),
         ("https://[fe80::1]/", "link-local"),
         ("https://0.0.0.0/", "not a public address"),
@@ -116,6 +127,7 @@ def create(admin, url: str):
 def test_it_refuses_to_save_a_webhook_aimed_inside_the_network(names, admin, url, says):
     names.map["internal.example"] = ["10.20.30.40"]
     names.map["imds.example"] = ["93.184.215.9", "169.254.169.254"]
+    names.map["v6.example"] = ["64:ff9b::a9fe:a9fe"]
     with pytest.raises(RpcError, match="url: ") as refused:
         create(admin, url)
     assert says in refused.value.message
@@ -138,6 +150,7 @@ def test_it_refuses_to_save_a_webhook_aimed_inside_the_network(names, admin, url
         # An AWS Lambda function URL: a 32-character label in a 60+ character name.
         "https://abcdefghijklmnopqrstuvwxyz012345.lambda-url.eu-central-1.on.aws/",
         "https://[2606:4700:4700::1111]:8443/hook",  # a public IPv6 literal
+        "https://[64:ff9b::5db8:d709]/hook",  # NAT64 to a public IPv4 address
     ],
 )
 def test_it_saves_over_rest_the_https_urls_a_url_parser_accepts(names, admin, url):
