@@ -18,7 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from delegation import metrics, notify
-from delegation.errors import INVALID_PARAMS, NO_SUCH_RUN, RpcError
+from delegation.errors import INVALID_PARAMS, NO_SUCH_RUN, REQUEST_ID_REUSED, RpcError
 from delegation.models import Approval, ApprovalPolicy, ApprovalStatus, Command, Run
 from delegation.selectors.approvals import approved_input, policy_chain
 from delegation.services import alerts
@@ -68,11 +68,32 @@ def _check_request(use: ToolUse) -> None:
         raise RpcError(INVALID_PARAMS, f"input: must be at most {MAX_INPUT_BYTES} bytes as JSON")
 
 
+def check_same_request(existing: Approval, use: ToolUse) -> None:
+    """A decision answers only its own request (SPEC §11): a reused toolCallId must carry the
+    tool and input it was first asked with, or an allowed ``ls`` would let ``rm -rf /`` through."""
+    changed = [
+        field
+        for field, same in (
+            ("toolName", existing.tool_name == use.tool_name),
+            ("input", canonical(existing.input) == canonical(use.input)),
+        )
+        if not same
+    ]
+    if changed:
+        raise RpcError(
+            REQUEST_ID_REUSED,
+            f"toolCallId {use.tool_call_id!r} was already asked about with another "
+            f"{' and '.join(changed)} (approval {existing.approval_id}); "
+            "a new tool use needs a new toolCallId",
+        )
+
+
 @retry_conflicts
 def do_request_approval(*, run: Run, use: ToolUse, via: str, actor_label: str) -> Approval:
     """Decide ``use`` by the run's effective policy, or store it pending.
 
-    Idempotent by (run, toolCallId): a repeated request answers the stored approval.
+    Idempotent by (run, toolCallId): a repeated request answers the stored approval; the
+    same toolCallId with another tool or input is refused (−32013), never given its decision.
     """
     _check_request(use)
     with transaction.atomic():
@@ -80,6 +101,7 @@ def do_request_approval(*, run: Run, use: ToolUse, via: str, actor_label: str) -
         if use.tool_call_id:
             existing = Approval.objects.filter(run=run, tool_call_id=use.tool_call_id).first()
             if existing is not None:
+                check_same_request(existing, use)
                 return existing
         if run.is_terminal or run.cancel_requested_at is not None:
             raise RpcError(NO_SUCH_RUN, f"run {run.run_id} is not running: nothing to approve")
