@@ -10,10 +10,12 @@ from channels.db import database_sync_to_async
 from mcp.server.transport_security import TransportSecuritySettings
 
 from delegation import upkeep
+from delegation.errors import PARSE_ERROR, RpcError
 from delegation.mcp.tools import build_server
 from delegation.protocol import bearer_token
 from delegation.services import run_tokens
 from delegation.services.run_tokens import MCP_PATH
+from delegation.wire import loads_strict
 
 
 class McpGate:
@@ -92,8 +94,69 @@ class McpGate:
         if caller is None:
             await _unauthorized(send)
             return
+        body = await _read_body(receive)
+        refusal = envelope_refusal(body)
+        if refusal is not None:
+            await _answer_parse_error(send, refusal)
+            return
         await self._start()
-        await self.manager.handle_request(scope, receive, send)
+        await self.manager.handle_request(scope, _replay(body, receive), send)
+
+
+async def _read_body(receive) -> bytes:
+    """The whole request body (``BodyLimit`` has bounded it to ``MCP_MAX_BODY_BYTES``)."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive):
+    """A ``receive`` that hands the SDK the body already read, then the connection's own."""
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def envelope_refusal(body: bytes) -> str | None:
+    """Why an MCP request envelope is refused before the SDK reads it, or None: decoded as
+    strictly as a runner frame (SPEC §4: no duplicate keys, no NaN, no trailing data), since
+    the SDK's own parser keeps the last of two duplicate keys and an intermediary may keep
+    the first."""
+    try:
+        loads_strict(body)
+    except RpcError as exc:
+        return exc.message
+    return None
+
+
+async def _answer_parse_error(send, message: str) -> None:
+    body = json.dumps(
+        {"jsonrpc": "2.0", "id": None, "error": {"code": PARSE_ERROR, "message": message}}
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 400,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 ALLOW = [(b"allow", b"POST")]

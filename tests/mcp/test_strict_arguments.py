@@ -5,6 +5,7 @@ nothing. Through the official client over real HTTP against a live daphne."""
 
 from __future__ import annotations
 
+import httpx2
 import pytest
 from asgiref.sync import sync_to_async
 
@@ -93,3 +94,41 @@ async def test_it_publishes_input_schemas_that_refuse_extra_keys_and_null(live):
             assert prop.get("description"), (tool.name, name)
     assert not served.is_error, served
     assert served.structured_content["parentRunId"] == "root-1"
+
+
+DUPLICATED = [
+    # (the raw envelope, the key the refusal must name)
+    ('{"jsonrpc": "2.0", "id": 1, "method": "ping", "method": "tools/call"}', "method"),
+    (
+        '{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "delegate",'
+        ' "arguments": {"profile": "worker", "message": "a", "message": "b"}}}',
+        "message",
+    ),
+    (
+        '{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "list_profiles",'
+        ' "name": "delegate", "arguments": {"profile": "worker", "message": "m"}}}',
+        "name",
+    ),
+]
+
+
+async def test_it_refuses_an_envelope_with_duplicate_keys_as_a_parse_error(live):
+    """Like a runner frame (SPEC §4): the SDK's parser would keep the last of two keys."""
+    await live.open("root-1")
+    issued = await live.run_token("root-1")
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "Authorization": f"Bearer {issued['token']}",
+    }
+    async with httpx2.AsyncClient(timeout=10) as http:
+        for raw, key in DUPLICATED:
+            answer = await http.post(issued["url"], content=raw.encode(), headers=headers)
+            assert answer.status_code == 400, (raw, answer.text)
+            error = answer.json()["error"]
+            assert error["code"] == -32700 and f"duplicate key {key!r}" in error["message"], error
+        # The same envelope without the duplicate reaches the SDK and is answered.
+        plain = '{"jsonrpc": "2.0", "id": 4, "method": "ping"}'
+        answer = await http.post(issued["url"], content=plain.encode(), headers=headers)
+        assert answer.status_code == 200, answer.text
+    assert await sync_to_async(Run.objects.count)() == 1  # no child was started
