@@ -246,6 +246,17 @@ DATABASES = {"default": _default}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL", "")
+# SPEC §13: channel-layer messages are Fernet-encrypted with a key of their own, so a message
+# anyone else writes into Redis is dropped unread. Comma-separated: the first encrypts, every
+# one decrypts (rotation). `check --deploy` warns when Redis is used without one.
+CHANNEL_LAYER_KEYS = env_list("CHANNEL_LAYER_KEY", [])
+for _key in CHANNEL_LAYER_KEYS:
+    if len(_key) < 32:
+        raise ImproperlyConfigured(
+            f"CHANNEL_LAYER_KEY: each key must be at least 32 characters (got {len(_key)}); "
+            "generate one with python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+_LAYER_CRYPTO = {"symmetric_encryption_keys": CHANNEL_LAYER_KEYS}
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -257,6 +268,7 @@ if REDIS_URL:
                 # its next catch-up from the database, so a generous capacity is enough.
                 "capacity": env_int("CHANNEL_CAPACITY", 1000, minimum=10),
                 "expiry": 30,
+                **(_LAYER_CRYPTO if CHANNEL_LAYER_KEYS else {}),
             },
         }
     }
@@ -265,7 +277,7 @@ if REDIS_URL:
     if env_str("REDIS_CHANNEL_LAYER", "core") == "pubsub":
         CHANNEL_LAYERS["default"] = {
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            "CONFIG": {"hosts": [REDIS_URL], **(_LAYER_CRYPTO if CHANNEL_LAYER_KEYS else {})},
         }
 else:
     CHANNEL_LAYERS = {

@@ -24,7 +24,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from delegation import depth as depthlib
-from delegation import metrics, notify, rpc, socket_fences, upkeep
+from delegation import layers, metrics, notify, rpc, socket_fences, upkeep
 from delegation.database_calls import claim, collecting, on_database
 from delegation.errors import (
     INTERNAL_ERROR,
@@ -125,7 +125,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
 
     async def __call__(self, scope, receive, send):
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, layers.from_socket(receive), send)
         finally:
             # Whatever ended the consumer (a close, a crash, a cancelled task), nothing it
             # started may outlive it: a leftover poll would keep a dead runner "seen".
@@ -138,6 +138,11 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         connections, once a message; every database call here goes through
         database_sync_to_async, which does that around the call itself, so the hop (half
         the thread switches of a run.event) is left out."""
+        if layers.forged_socket_message(message):
+            log.warning(
+                "runner socket: dropped a %s sent through the channel layer", message["type"]
+            )
+            return
         try:
             handler = getattr(self, get_handler_name(message), None)
             if handler is None:
@@ -501,11 +506,21 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         await self._flush_outbox()
 
     async def runner_fenced(self, message):
+        """A doorbell, never an authority (SPEC §13): the record says whether to close."""
+        await socket_fences.recheck(self)
+
+    async def runner_revoked(self, message):
+        """The runner's credential was revoked or rotated (``runners.fence_runner``), if the
+        record agrees: anyone who can write to Redis could have sent this."""
+        await socket_fences.recheck(self)
+
+    async def close_fenced(self):
+        """Another socket registered as this runner (``socket_fences`` read it)."""
         self.fenced = True
         await self.close(code=CLOSE_FENCED)
 
-    async def runner_revoked(self, message):
-        """The runner's credential was revoked or rotated (``runners.fence_runner``)."""
+    async def close_revoked(self):
+        """The runner's credential was revoked or rotated (``socket_fences`` read it)."""
         self.fenced = True
         for task in list(self.background):
             task.cancel()

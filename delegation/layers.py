@@ -43,6 +43,32 @@ return over_capacity
 """
 
 
+# What a consumer's own socket hands it, told apart from what the channel layer does: channels
+# dispatches both through one handler table, so without this a ``websocket.receive`` written to
+# a consumer's channel would be taken as a frame of its socket (SPEC §13). An object, not a
+# value, so nothing serialised can carry it.
+_FROM_SOCKET = object()
+_ORIGIN = "canopy.origin"
+
+
+def from_socket(receive):
+    """``receive`` of an ASGI connection, its messages marked as the socket's own."""
+
+    async def marked():
+        message = await receive()
+        message[_ORIGIN] = _FROM_SOCKET
+        return message
+
+    return marked
+
+
+def forged_socket_message(message: dict) -> bool:
+    """A ``websocket.*`` message that did not come from the consumer's socket."""
+    return str(message.get("type", "")).startswith("websocket.") and (
+        message.get(_ORIGIN) is not _FROM_SOCKET
+    )
+
+
 def recently_faulted(layer, *, within: float) -> bool:
     """Whether ``layer`` lost a message or a membership in the last ``within`` seconds.
 
@@ -61,6 +87,10 @@ async def until_faulted(layer, *, timeout: float) -> None:
         return
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(signal().wait(), timeout)
+
+
+class UnreadableMessage(Exception):
+    """A message in Redis that this layer did not write (see ``deserialize``)."""
 
 
 class ResilientRedisChannelLayer(RedisChannelLayer):
@@ -83,6 +113,27 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         for loop, event in list(events.items()):
             if not loop.is_closed():
                 loop.call_soon_threadsafe(event.set)
+
+    def deserialize(self, message):
+        """A message this layer cannot read — not encrypted with ``CHANNEL_LAYER_KEY``, or not
+        msgpack at all — was written by someone else into Redis (SPEC §13): dropped, counted,
+        never handed to a consumer."""
+        try:
+            return super().deserialize(message)
+        except Exception as exc:
+            faults.warning(
+                "unreadable",
+                "dropped a channel-layer message it cannot read (%s)",
+                type(exc).__name__,
+            )
+            raise UnreadableMessage from None
+
+    async def receive_single(self, channel):
+        while True:
+            try:
+                return await super().receive_single(channel)
+            except UnreadableMessage:  # popped and gone: wait for the next one
+                continue
 
     async def receive(self, channel):
         attempt = 0

@@ -4,8 +4,8 @@ the socket within a second even when the channel-layer message that says so is l
 down, or a revocation from a process on another layer, such as ``manage.py runner_token``).
 
 One query per tick for all of the process's sockets, and none while it has no socket. The
-message on the runner's group (``runners.fence_runner``) still closes the socket at once; this
-is the guarantee behind it.
+message on the runner's group (``runners.fence_runner``) still closes the socket at once, after
+the same read (``recheck``); this is the guarantee behind it.
 """
 
 from __future__ import annotations
@@ -67,8 +67,24 @@ async def check(sockets: set) -> None:
     for consumer, conn in seen:
         if consumer.conn is not conn or consumer.fenced:
             continue
-        state = states.get(conn.runner_pk)
-        if state is None or state[1] or (conn.credential and state[2] != conn.credential):
-            await consumer.runner_revoked({"why": "runner token revoked or rotated"})
-        elif state[0] != conn.generation:
-            await consumer.runner_fenced({})
+        await _close_if_moved_on(consumer, conn, states.get(conn.runner_pk))
+
+
+async def recheck(consumer) -> None:
+    """What a ``runner.fenced`` / ``runner.revoked`` message makes a socket do: read the record
+    and close it only if the record says so. The message is a doorbell (SPEC §13): anyone who
+    can write to Redis could have sent it."""
+    conn = consumer.conn
+    if conn is None or consumer.fenced:
+        return
+    states = await database_sync_to_async(selectors.fence_states)({conn.runner_pk})
+    if consumer.conn is conn and not consumer.fenced:
+        await _close_if_moved_on(consumer, conn, states.get(conn.runner_pk))
+
+
+async def _close_if_moved_on(consumer, conn, state) -> None:
+    """``state``: (connection generation, revoked, token hash) of the runner, or None."""
+    if state is None or state[1] or (conn.credential and state[2] != conn.credential):
+        await consumer.close_revoked()
+    elif conn.generation and state[0] != conn.generation:
+        await consumer.close_fenced()

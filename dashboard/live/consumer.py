@@ -18,7 +18,7 @@ from dashboard.live import caps
 from dashboard.live.connection import Connection
 from dashboard.live.frames import FrameError, Ping, Unsubscribe, parse_client_frame
 from dashboard.live.gate import authorise, can_act
-from delegation import metrics
+from delegation import layers, metrics
 from delegation.protocol import (
     CLOSE_FORBIDDEN,
     CLOSE_TOO_MANY,
@@ -75,15 +75,19 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def __call__(self, scope, receive, send):
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, layers.from_socket(receive), send)
         finally:
             # However the consumer ends (a close, a crash), its worker and heartbeat end too:
             # a leftover heartbeat would keep querying for a socket nobody holds.
             await self._shut_down()
 
     async def dispatch(self, message):
-        # A doorbell type this socket does not know (a newer engine) must not close it.
+        # A doorbell type this socket does not know (a newer engine) must not close it, and a
+        # websocket.* message the channel layer brings is not the browser's (SPEC §13).
         if getattr(self, get_handler_name(message), None) is None:
+            return
+        if layers.forged_socket_message(message):
+            log.warning("live socket: dropped a %s sent through the channel layer", message["type"])
             return
         try:
             await super().dispatch(message)

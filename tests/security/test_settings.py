@@ -61,9 +61,10 @@ def production_settings() -> dict[str, str]:
     text = (BASE_DIR / "docs" / "how-to" / "deploy-postgres-redis.md").read_text()
     block = text.split("```sh\n# Production settings\n", 1)[1].split("```", 1)[0]
     env = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-    assert env["SECRET_KEY"].startswith("<")
+    assert env["SECRET_KEY"].startswith("<") and env["CHANNEL_LAYER_KEY"].startswith("<")
     env["SECRET_KEY"] = secrets.token_urlsafe(50)
-    return env
+    env["CHANNEL_LAYER_KEY"] = secrets.token_urlsafe(32)
+    return {k: v.replace("<password>", secrets.token_urlsafe(12)) for k, v in env.items()}
 
 
 def test_it_passes_check_deploy_with_the_documented_production_settings():
@@ -73,6 +74,22 @@ def test_it_passes_check_deploy_with_the_documented_production_settings():
     # Without them the same check complains: the block is what makes it pass.
     bare = manage("check", "--deploy", "--fail-level", "WARNING", SECRET_KEY="k" * 60)
     assert bare.returncode != 0 and "security.W004" in bare.stderr + bare.stdout
+
+
+@pytest.mark.parametrize(
+    ("change", "warning"),
+    [
+        ({"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/canopy"}, "canopy.W001"),
+        ({"REDIS_URL": "redis://127.0.0.1:6379/0"}, "canopy.W002"),
+        ({"CHANNEL_LAYER_KEY": ""}, "canopy.W003"),
+    ],
+)
+def test_it_warns_at_check_deploy_of_backends_any_local_process_can_use(change, warning):
+    """SPEC §13: an agent on the machine reached a trust PostgreSQL and a password-less Redis."""
+    done = manage(
+        "check", "--deploy", "--fail-level", "WARNING", **{**production_settings(), **change}
+    )
+    assert done.returncode != 0 and warning in done.stderr + done.stdout, done.stderr
 
 
 @pytest.mark.django_db
