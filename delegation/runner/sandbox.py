@@ -26,6 +26,7 @@ directory or ``/dev/null``. The preset's ``readOnly`` paths are granted as they 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -33,6 +34,8 @@ import pwd
 import shutil
 import stat
 import tempfile
+import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
@@ -203,15 +206,64 @@ def _under(path: str, roots: Iterable[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-@functools.cache
+@dataclasses.dataclass(frozen=True)
+class _Scan:
+    """What ``_hidden`` found under a root, and every directory it looked in with its mtime:
+    a file created (or removed, or renamed) in one changes that directory's mtime."""
+
+    hidden: tuple[tuple[str, bool], ...]
+    dirs: dict[str, int]
+
+    def changed(self) -> bool:
+        for path, mtime in self.dirs.items():
+            try:
+                if os.stat(path).st_mtime_ns != mtime:
+                    return True
+            except OSError:
+                return True
+        return False
+
+
+# A root with at most this many directories (/etc: ~160, under a millisecond) is re-checked at
+# every start; a larger one (/usr: ~28,000, some 80 ms) by the runner's mask thread, every
+# MASK_RECHECK_SECONDS, so a start does not wait for it.
+SYNC_CHECK_DIRS = 2000
+MASK_RECHECK_SECONDS = 1.0
+_scans: dict[str, _Scan] = {}
+_scans_lock = threading.Lock()
+
+
 def _hidden(root: str) -> tuple[tuple[str, bool], ...]:
     """Entries under ``root`` that not everyone may read: (path, is_directory), outermost
-    first; below a hidden directory nothing more is listed (it is masked whole)."""
+    first; below a hidden directory nothing more is listed (it is masked whole). Scanned once,
+    then again whenever a directory under it changed (issue 33: a root-only file created after
+    the runner started was readable)."""
+    scan = _scans.get(root)
+    if scan is None or (len(scan.dirs) <= SYNC_CHECK_DIRS and scan.changed()):
+        scan = _scan(root)
+        with _scans_lock:
+            _scans[root] = scan
+    return scan.hidden
+
+
+def refresh_masks() -> None:
+    """Re-scan every large root whose directories changed (the mask thread's tick)."""
+    for root, scan in list(_scans.items()):
+        if len(scan.dirs) > SYNC_CHECK_DIRS and scan.changed():
+            fresh = _scan(root)
+            with _scans_lock:
+                _scans[root] = fresh
+
+
+def _scan(root: str) -> _Scan:
     out: list[tuple[str, bool]] = []
+    dirs: dict[str, int] = {}
     try:
-        device = os.stat(root).st_dev
+        root_stat = os.stat(root)
     except OSError:
-        return ()
+        return _Scan((), {})
+    device = root_stat.st_dev
+    dirs[root] = root_stat.st_mtime_ns
     stack = [root]
     while stack:
         current = stack.pop()
@@ -230,10 +282,11 @@ def _hidden(root: str) -> tuple[tuple[str, bool], ...]:
                 if st.st_mode & 0o005 != 0o005:
                     out.append((entry.path, True))
                 elif st.st_dev == device:  # another mount is not a system path's business
+                    dirs[entry.path] = st.st_mtime_ns
                     stack.append(entry.path)
             elif stat.S_ISREG(st.st_mode) and not st.st_mode & 0o004:
                 out.append((entry.path, False))
-    return tuple(sorted(out))
+    return _Scan(tuple(sorted(out)), dirs)
 
 
 def _hidden_under(real: str, scanned: Iterable[str]) -> tuple[tuple[str, bool], ...]:
@@ -263,7 +316,15 @@ def masks(roots: Iterable[str]) -> list[str]:
 
 
 def warm_masks() -> None:
+    """The root runner's mask thread: the first scan, then a re-check of the large roots
+    every ``MASK_RECHECK_SECONDS`` for as long as the runner runs."""
     masks(SYSTEM_PATHS)
+    while True:
+        time.sleep(MASK_RECHECK_SECONDS)
+        try:
+            refresh_masks()
+        except Exception:  # a vanished directory mid-scan: the next tick scans again
+            log.warning("re-checking the sandbox masks failed", exc_info=True)
 
 
 def bwrap(
