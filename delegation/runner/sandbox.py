@@ -382,7 +382,13 @@ def bwrap(
         out += ["--ro-bind-try", path, path]
     if private:
         out += ["--ro-bind", private, private]
-    out += ["--bind", workspace, workspace, "--chdir", cwd, "--"]
+    out += ["--bind", workspace, workspace]
+    if _under(home_dir, (workspace,)):
+        # A HOME inside the workspace would be the workspace's own directory once it is bound,
+        # shared by every child (issue 33: one planted a settings hook that read its siblings'
+        # run tokens): the child's private HOME goes on top of it again.
+        out += ["--bind", home.path, home_dir]
+    out += ["--chdir", cwd, "--"]
     return out
 
 

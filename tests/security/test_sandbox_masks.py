@@ -69,3 +69,39 @@ def test_it_hides_a_late_root_only_file_from_a_root_runners_agent(root):
     unmasked = ["bwrap", "--unshare-user", "--uid", "65534", "--gid", "65534"]
     unmasked += ["--ro-bind", "/", "/", "cat", str(secret)]
     assert subprocess.run(unmasked, capture_output=True, text=True).stdout == "root only"
+
+
+def _child(workspace: str, home: str, script: str) -> subprocess.CompletedProcess:
+    """One sandboxed child through the runner's own bubblewrap command line."""
+    from delegation.runner.presets import AgentPreset
+
+    preset = AgentPreset(name="p", command=["sh"])
+    env = {"HOME": home, "PATH": "/usr/bin:/bin"}
+    private = sandbox.PrivateHome(preset)
+    try:
+        argv = ["/bin/sh", "-c", script]
+        args = sandbox.bwrap(
+            preset, argv, workspace=workspace, cwd=workspace, env=env, home=private
+        )
+        return subprocess.run([*args, *argv], env=env, capture_output=True, text=True, timeout=30)
+    finally:
+        private.remove()
+
+
+def test_it_gives_each_child_its_own_home_inside_the_workspace(tmp_path):
+    """Issue 33: the demo's HOME under the workspace was the workspace's directory once bound,
+    so one child's ~/.claude/settings.json (a hook) ran in every later child."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    home = str(workspace / "home")
+    planted = _child(
+        str(workspace),
+        home,
+        'mkdir -p "$HOME/.claude" && echo hook > "$HOME/.claude/settings.json"',
+    )
+    assert planted.returncode == 0, planted.stderr
+    sibling = _child(
+        str(workspace), home, 'cat "$HOME/.claude/settings.json" 2>/dev/null || echo none'
+    )
+    assert sibling.stdout.strip() == "none", sibling.stdout + sibling.stderr
+    assert not (workspace / "home" / ".claude").exists()  # nothing reached the real workspace
