@@ -15,7 +15,6 @@ import os
 import pwd
 import shlex
 import shutil
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 from delegation import errors as codes
 from delegation.client import Preset, RpcError
-from delegation.runner.sandbox import unsandboxed_warning, warm_masks
+from delegation.runner.sandbox import start_mask_thread, unsandboxed_warning
 
 log = logging.getLogger("canopy.runner")
 
@@ -236,8 +235,8 @@ class PresetEngine:
                 log.warning("%s", unsandboxed_warning(preset))
         if os.geteuid() == 0 and any(p.sandboxed and not p.user for p in presets):
             # The first root sandbox masks what only root may read in the system paths: found
-            # once per runner (seconds on a cold disk), in the background from the start.
-            threading.Thread(target=warm_masks, name="sandbox-masks", daemon=True).start()
+            # by one thread per process (seconds on a cold disk), then kept current by it.
+            start_mask_thread()
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], workspace: str | None = None, **kwargs):

@@ -225,10 +225,11 @@ class _Scan:
 
 
 # A root with at most this many directories (/etc: ~160, under a millisecond) is re-checked at
-# every start; a larger one (/usr: ~28,000, some 80 ms) by the runner's mask thread, every
-# MASK_RECHECK_SECONDS, so a start does not wait for it.
+# every start; a larger one (/usr: 16,000-28,000, 40-80 ms of stats) by the runner's one mask
+# thread every MASK_RECHECK_SECONDS (about 1 % of a core), so a start does not wait for it.
 SYNC_CHECK_DIRS = 2000
-MASK_RECHECK_SECONDS = 1.0
+MASK_RECHECK_SECONDS = 5.0
+_mask_thread: threading.Thread | None = None
 _scans: dict[str, _Scan] = {}
 _scans_lock = threading.Lock()
 
@@ -316,9 +317,23 @@ def masks(roots: Iterable[str]) -> list[str]:
 
 
 def warm_masks() -> None:
-    """The root runner's mask thread: the first scan, then a re-check of the large roots
-    every ``MASK_RECHECK_SECONDS`` for as long as the runner runs."""
+    """The first scan of the system paths (seconds on a cold disk)."""
     masks(SYSTEM_PATHS)
+
+
+def start_mask_thread() -> None:
+    """The root runner's mask thread, once per process: the first scan, then a re-check of the
+    large roots every ``MASK_RECHECK_SECONDS`` for as long as the process runs."""
+    global _mask_thread
+    with _scans_lock:
+        if _mask_thread is not None:
+            return
+        _mask_thread = threading.Thread(target=_keep_masks_fresh, name="sandbox-masks", daemon=True)
+    _mask_thread.start()
+
+
+def _keep_masks_fresh() -> None:
+    warm_masks()
     while True:
         time.sleep(MASK_RECHECK_SECONDS)
         try:
