@@ -9,6 +9,8 @@ comment (``touch x#; rm -rf /`` would lose the ``rm``). No Django here: it is pu
 
 from __future__ import annotations
 
+import re
+
 import bashlex
 from bashlex import ast
 
@@ -19,6 +21,10 @@ DESCRIPTOR_ONLY = frozenset({">&", "<&"})
 DATA_ONLY = frozenset({"<<<"})
 SUBSTITUTIONS = frozenset({"commandsubstitution", "processsubstitution"})
 HARMLESS_TARGETS = frozenset({"/dev/null"})
+# A parameter expansion that only names a parameter ($HOME, ${HOME}, $1, $?). Any operator is
+# unreadable: bashlex keeps ``${x:-$(rm -rf ~)}`` as one node with nothing under it, though
+# bash runs the substitution, and ``${x@P}`` runs the prompt expansion of what x holds.
+PLAIN_PARAMETER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!-]")
 
 
 class Unreadable(Exception):
@@ -30,7 +36,8 @@ def simple_commands(text: str) -> list[str] | None:
     by single spaces, quotes removed; None when the parser cannot read it, or it substitutes a
     command (``$(…)``, backticks, ``<(…)``), or redirects to or from a file other than
     ``/dev/null`` (the policy does not know the run's workspace, so no file redirection is
-    taken as safe), or holds a here-document."""
+    taken as safe), or holds a here-document, or expands a parameter with an operator
+    (``${x:-…}``, ``${x@P}``, ``${!x}``)."""
     try:
         trees = bashlex.parse(text)
     except Exception:  # bashlex raises its own errors and, on odd input, plain ones
@@ -47,6 +54,8 @@ def simple_commands(text: str) -> list[str] | None:
 def _collect(node: ast.node, found: list[str]) -> None:
     if node.kind in SUBSTITUTIONS:
         raise Unreadable(node.kind)
+    if node.kind == "parameter" and not PLAIN_PARAMETER.fullmatch(node.value):
+        raise Unreadable(f"parameter expansion ${{{node.value}}}")
     if node.kind == "redirect":
         _check_redirect(node)
     if node.kind == "command":

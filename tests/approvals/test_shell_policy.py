@@ -24,6 +24,7 @@ ALLOWED = [
     "touch a >/dev/null",
     "touch a; touch b",  # two commands, both touches
     "touch a && touch b | touch c",
+    "touch $HOME/a ${HOME}/b $1",  # a plain parameter expands to words, never to a command
 ]
 
 ASKED = [
@@ -54,6 +55,12 @@ ASKED = [
     "touch x; bash -c 'rm -rf /'",
     "touch 'unterminated",
     "echo $((1+2)); touch x",
+    # A parameter expansion with an operator: bashlex shows no substitution under it.
+    "touch ${x:-$(rm -rf ~)}",
+    'touch "${x:-`rm -rf ~`}"',
+    "touch ${x@P}",  # the prompt expansion of x's value runs its $(…)
+    "touch ${!x}",
+    'touch x <<< "${y:-$(rm -rf ~)}"',
 ]
 
 
