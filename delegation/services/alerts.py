@@ -50,6 +50,7 @@ from delegation.models import (
     WebhookDelivery,
 )
 from delegation.services.audit import audit
+from delegation.services.embedded_ipv4 import embedded_ipv4s
 from delegation.services.identity import Actor
 
 TEST_KIND = "test"
@@ -221,32 +222,6 @@ def resolve_host(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(info[4][0] for info in infos))
 
 
-NAT64_PREFIX = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052 well-known prefix
-NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215 local-use translation
-IPV4_COMPATIBLE = ipaddress.ip_network("::/96")  # deprecated ::a.b.c.d
-
-
-def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 address carries to a v4 host, or None: mapped (::ffff:a.b.c.d),
-    IPv4-compatible (::a.b.c.d), NAT64 (64:ff9b::a.b.c.d, and the local-use 64:ff9b:1::/48,
-    whose last 32 bits a /96 translator uses), 6to4 (2002:AABB:CCDD::) and Teredo (the client's
-    address, inverted). Each reaches the v4 host through a translator or tunnel, so it is
-    checked as that v4 address would be."""
-    if ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
-    if ip.sixtofour is not None:
-        return ip.sixtofour
-    if ip.teredo is not None:
-        return ip.teredo[1]
-    low32 = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-    if ip in NAT64_PREFIX or ip in NAT64_LOCAL:
-        return low32
-    # :: and ::1 are IPv6's own unspecified and loopback addresses, not IPv4-compatible ones.
-    if ip in IPV4_COMPATIBLE and int(ip) > 1:
-        return low32
-    return None
-
-
 def refused_address(address: str, *, scheme: str) -> str | None:
     """Why a delivery may not go to ``address`` (an IP address as text), or None if it may:
     http goes to loopback only, https to public addresses only."""
@@ -255,12 +230,13 @@ def refused_address(address: str, *, scheme: str) -> str | None:
     except ValueError:
         return f"{address!r} is not an IP address"
     if ip.version == 6:
-        embedded = embedded_ipv4(ip)
-        if embedded is not None:
-            reason = refused_address(str(embedded), scheme=scheme)
+        embedded = embedded_ipv4s(ip)
+        for inner in embedded:
+            reason = refused_address(str(inner), scheme=scheme)
             if reason is not None:
-                return f"{ip} embeds {embedded}: {reason}"
-            ip = embedded
+                return f"{ip} embeds {inner}: {reason}"
+        if embedded:
+            ip = embedded[0]
     if ip in METADATA_ADDRESSES:
         return f"{ip} is a cloud metadata address"
     if ip.is_loopback:

@@ -114,6 +114,11 @@ def create(admin, url: str):
         ("https://[::a00:1]/", "embeds 10.0.0.1"),
         ("https://[::ffff:169.254.169.254]/", "embeds 169.254.169.254"),
         ("https://[2001:0:4136:e378:8000:63bf:f5ff:fefe]/", "embeds 10.0.1.1"),
+        ("https://[::ffff:0:a9fe:a9fe]/", "embeds 169.254.169.254"),  # SIIT
+        # The local-use NAT64 prefix in a /48 translator's layout (RFC 6052): the last 32 bits
+        # say 8.8.8.8, the translator reads 169.254.169.254 from bits 48-63 and 72-87.
+        ("https://[64:ff9b:1:a9fe:a9:fe00:808:808]/", "embeds 169.254.169.254"),
+        ("https://[64:ff9b:1:a9:fe:a9fe:808:808]/", "embeds 0.169.254.169"),  # /56 layout
         ("https://v6.example/", "'v6.example' resolves to 64:ff9b::a9fe:a9fe"),
         ("https://169.254.10.1/", "link-local"),
         ("https://[fe80::1]/", "link-local"),
