@@ -46,7 +46,7 @@ def simple_commands(text: str) -> list[str] | None:
     try:
         for tree in trees:
             _collect(tree, found)
-    except Unreadable:
+    except Exception:  # Unreadable, or a node shape this bashlex did not promise: never allow
         return None
     return found or None
 
