@@ -104,8 +104,15 @@ def _loc_text(loc) -> str:
     return "".join(parts)
 
 
+UNION_TAG_ERRORS = ("union_tag_not_found", "union_tag_invalid")
+
+
 def _rule(item: dict) -> str:
     kind = item["type"]
+    if kind == "union_tag_not_found":
+        return "required field missing"
+    if kind == "union_tag_invalid":
+        return f"must be one of {item['ctx']['expected_tags']}, not {item['ctx']['tag']!r}"
     if kind == "extra_forbidden":
         return "unknown field"
     if kind == "missing":
@@ -151,6 +158,9 @@ class CanopyAPI(NinjaAPI):
                 # Pydantic's internal markers (function-after[...]) are not field names.
                 loc = tuple(p for p in loc if not (isinstance(p, str) and "[" in p))
                 where = _loc_text(loc) or source
+                if item["type"] in UNION_TAG_ERRORS:
+                    # A body told apart by one field (a decision's "decision"): name that field.
+                    where = item["ctx"]["discriminator"].strip("'")
                 label = {"query": "query parameter ", "path": "path parameter "}.get(source, "")
                 problems.append(f"{label}{where}: {_rule(item)}")
         return ValidationError(problems)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -67,11 +67,8 @@ class ApprovalRequestParams(Strict):
     title: str = Field(default=None, max_length=1024)
 
 
-class DecisionBody(Strict):
-    decision: Literal["allow", "deny"]
+class _Decision(Strict):
     message: str = Field(default=None, max_length=MAX_MESSAGE_CHARS)
-    updated_input: dict[str, Any] = Field(default=None, alias="updatedInput")
-    scope: Literal["once", "always"] = Field(default=None)
     # With scope "always": where the allow rule goes (this run, or its tree's root).
     scope_run: Literal["run", "root"] = Field(default=None, alias="scopeRun")
 
@@ -81,3 +78,23 @@ class DecisionBody(Strict):
         if "\x00" in value:
             raise ValueError("must not contain NUL")
         return value
+
+
+class AllowDecision(_Decision):
+    decision: Literal["allow"]
+    updated_input: dict[str, Any] = Field(default=None, alias="updatedInput")
+    scope: Literal["once", "always"] = Field(default=None)
+
+
+class DenyDecision(_Decision):
+    """A deny edits nothing and adds no rule: the shape says so, so the published schema
+    does too (a deny with ``updatedInput`` or scope ``always`` is not a valid body)."""
+
+    decision: Literal["deny"]
+    scope: Literal["once"] = Field(default=None)
+
+    updated_input: ClassVar[None] = None  # read by the doors like an allow's
+
+
+# SPEC §11's decision body, told apart by ``decision``.
+DecisionBody = Annotated[AllowDecision | DenyDecision, Field(discriminator="decision")]

@@ -245,3 +245,25 @@ def test_it_refuses_a_reused_tool_call_id_with_another_tool_or_input(world, as_,
     assert refused.value.code == -32013
     assert "toolCallId 't-7' was already asked about with another" in refused.value.message
     assert Approval.objects.filter(run__run_id="root-1").count() == 1  # nothing new stored
+
+
+def test_it_publishes_and_enforces_that_a_deny_edits_nothing_and_adds_no_rule(world, as_):
+    """The decision body is two shapes told apart by ``decision`` (OpenAPI ``oneOf``), so a
+    client generated from the document cannot send a deny with an edit or scope ``always``."""
+    asked = _ask(world, "root-1", "t-5")
+    url = f"/api/approvals/{asked['approvalId']}/decision"
+    refused = [
+        ({"decision": "deny", "updatedInput": {"command": "ls"}}, "deny.updatedInput: unknown"),
+        ({"decision": "deny", "scope": "always"}, "deny.scope"),
+        ({}, "decision: required field missing"),
+        ({"decision": "maybe"}, "decision: must be one of 'allow', 'deny'"),
+    ]
+    for body, says in refused:
+        answer = as_("operator").post(url, body)
+        assert answer.status_code == 422 and says in answer.json()["error"]["message"], body
+    assert Approval.objects.get(approval_id=asked["approvalId"]).status == "pending"
+    document = as_("operator").get("/api/openapi.json").json()
+    schema = document["paths"]["/api/approvals/{approvalId}/decision"]["post"]["requestBody"]
+    variants = schema["content"]["application/json"]["schema"]["oneOf"]
+    assert len(variants) == 2
+    assert as_("operator").post(url, {"decision": "deny", "message": "no"}).status_code == 200
