@@ -143,20 +143,8 @@ def envelope_refusal(body: bytes) -> str | None:
 
 
 async def _answer_parse_error(send, message: str) -> None:
-    body = json.dumps(
-        {"jsonrpc": "2.0", "id": None, "error": {"code": PARSE_ERROR, "message": message}}
-    ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 400,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    error = {"code": PARSE_ERROR, "message": message}
+    await _send_json(send, 400, {"jsonrpc": "2.0", "id": None, "error": error}, [])
 
 
 ALLOW = [(b"allow", b"POST")]
@@ -169,7 +157,11 @@ async def _unauthorized(send):
 
 
 async def _answer(send, status: int, message: str, headers: list) -> None:
-    body = json.dumps({"error": {"code": status, "message": message}}).encode()
+    await _send_json(send, status, {"error": {"code": status, "message": message}}, headers)
+
+
+async def _send_json(send, status: int, payload: dict, headers: list) -> None:
+    body = json.dumps(payload).encode()
     await send(
         {
             "type": "http.response.start",
