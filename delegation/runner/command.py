@@ -226,6 +226,7 @@ class CommandEngine(PresetEngine):
             if codex_home and preset.mcp_config_shape == "gemini":
                 ctx.data["mcp_config_inside"] = os.path.join(inside, GEMINI_FILE)
             ctx.data["mcp_config"] = config.path
+            ctx.data["mcp_url"] = token.url
             ctx.data["run_token"] = token.token
             LIVE_TOKENS.add(token.token)
         usage = UsageFile(preset, home) if preset.uses_usage_file else None
@@ -255,6 +256,10 @@ class CommandEngine(PresetEngine):
         # the process and its reader, so they are driven here together.
         mcp_path = ctx.data.get("mcp_config_inside") or (config.path if config else "")
         argv = self.argv(ctx, preset, cwd, mcp_path)
+        # One queue keeps stdout and stderr events (and the egress proxy's refusals) in
+        # arrival order, and one sender batches them: a chatty agent does not cost one round
+        # trip per line.
+        queue: asyncio.Queue = asyncio.Queue()
         process = await proc.spawn(
             preset,
             argv,
@@ -264,6 +269,8 @@ class CommandEngine(PresetEngine):
             limit=MAX_LINE,
             home=home,
             private=config.directory if config else None,
+            mcp_url=ctx.data.get("mcp_url"),
+            on_refusal=lambda text: queue.put_nowait(proc.refusal_event(text)),
         )
         ctx.data["process"] = process
         ctx.data["pid"] = process.pid
@@ -282,9 +289,6 @@ class CommandEngine(PresetEngine):
             with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
                 process.stdin.write(_user_record(ctx.message))
                 await process.stdin.drain()
-        # One queue keeps stdout and stderr events in arrival order, and one sender batches
-        # them: a chatty agent does not cost one round trip per line.
-        queue: asyncio.Queue = asyncio.Queue()
         readers = [
             asyncio.create_task(self._pump(process.stdout, queue, "stdout", state)),
             asyncio.create_task(self._pump(process.stderr, queue, "stderr", state)),

@@ -13,8 +13,10 @@ import json
 import logging
 import os
 import pwd
+import re
 import shlex
 import shutil
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import Any
 
 from delegation import errors as codes
 from delegation.client import Preset, RpcError
+from delegation.runner.egress import Grant, check_allow_hosts, split_host_port
 from delegation.runner.sandbox import start_mask_thread, unsandboxed_warning
 
 log = logging.getLogger("canopy.runner")
@@ -29,7 +32,10 @@ log = logging.getLogger("canopy.runner")
 # "bwrap" (the default): the agent is contained (delegation/runner/sandbox.py); "none": it runs
 # as the runner's (or the preset's) account with everything that account can read.
 SANDBOXES = ("bwrap", "none")
-NETWORKS = ("host", "none")
+# A sandbox's network (SPEC §13): "proxy" (the default) its own namespace and the runner's
+# egress proxy (delegation/runner/egress.py); "none" its own namespace and nothing; "host" the
+# runner's network, every service on the machine included (said at start).
+NETWORKS = ("proxy", "none", "host")
 COMMON_FIELDS = frozenset(
     {
         "name",
@@ -43,6 +49,7 @@ COMMON_FIELDS = frozenset(
         "readOnly",
         "user",
         "network",
+        "allowHosts",
         "approvals",
     }
 )
@@ -60,14 +67,23 @@ class AgentPreset:
     sandbox: str = "bwrap"  # contained by default; "none" only when the preset says so
     read_only: tuple[str, ...] = ()  # more paths a sandboxed agent may read (an interpreter)
     user: str | None = None  # run the agent as this account (the runner must be root)
-    network: str = "host"  # a sandbox's network: the runner's ("host") or "none"
+    network: str = "proxy"  # a sandbox's network: NETWORKS ("host" without a sandbox)
+    allow_hosts: tuple[str, ...] = ()  # what the egress proxy lets through besides /mcp
     # SPEC §11: the approval policy {rules, default} every run of this preset starts with
     # (sent when the runner registers; the server applies the strictest along the chain).
     approvals: Mapping[str, Any] | None = None
 
+    def __post_init__(self):
+        if self.sandbox == "none":
+            self.network = "host"  # nothing to contain it in: said by unsandboxed_warning
+
     @property
     def sandboxed(self) -> bool:
         return self.sandbox != "none"
+
+    @property
+    def proxied(self) -> bool:
+        return self.sandboxed and self.network == "proxy"
 
 
 def check_fields(raw: Mapping[str, Any], *, label: str, extra: Iterable[str] = ()) -> dict:
@@ -99,11 +115,17 @@ def check_fields(raw: Mapping[str, Any], *, label: str, extra: Iterable[str] = (
     sandbox = raw.get("sandbox", "bwrap")
     if sandbox not in SANDBOXES:
         raise ValueError(f"{label}: 'sandbox' must be one of {', '.join(SANDBOXES)}")
-    network = raw.get("network", "host")
+    network = raw.get("network", "proxy" if sandbox != "none" else "host")
     if network not in NETWORKS:
         raise ValueError(f"{label}: 'network' must be one of {', '.join(NETWORKS)}")
     if network != "host" and sandbox == "none":
         raise ValueError(f"{label}: 'network' {network!r} needs a sandbox")
+    allow_hosts = check_allow_hosts(raw.get("allowHosts"), label=label)
+    if allow_hosts and network != "proxy":
+        raise ValueError(
+            f"{label}: 'allowHosts' is what the proxy lets through: it needs "
+            f'"network": "proxy" (this preset\'s is {network!r})'
+        )
     read_only = raw.get("readOnly", [])
     if not isinstance(read_only, list) or not all(
         isinstance(p, str) and os.path.isabs(p) for p in read_only
@@ -130,6 +152,7 @@ def check_fields(raw: Mapping[str, Any], *, label: str, extra: Iterable[str] = (
         "read_only": tuple(read_only),
         "user": user,
         "network": network,
+        "allow_hosts": allow_hosts,
     }
 
 
@@ -200,6 +223,67 @@ def load_config(path: str | os.PathLike) -> dict:
     return raw
 
 
+_URL = re.compile(r"\bhttps?://[^\s\"'/,;]+")
+
+
+def unreachable_urls(preset: AgentPreset) -> list[str]:
+    """The URLs in a proxied preset's env and command line (its model endpoint, most often)
+    that its ``allowHosts`` does not cover: said at start, since the agent would only see a
+    connection refused."""
+    grants = [Grant.parse(entry) for entry in preset.allow_hosts]
+    out = []
+    for text in (*preset.env.values(), *preset.command):
+        for url in _URL.findall(text):
+            scheme, _, rest = url.partition("://")
+            try:
+                host, port = split_host_port(rest, default=443 if scheme == "https" else 80)
+            except ValueError:
+                continue
+            host = host.lower()
+            if not any(g.matches(host, port) for g in grants) and url not in out:
+                out.append(url)
+    return out
+
+
+def server_paths() -> dict[str, str]:
+    """What an agent's workspace must neither contain nor lie inside (SPEC §13), by name:
+    this installation of Canopy (a checkout, or the package), its virtual environment and
+    its data directory (canopy/settings.py's ``DATA_DIR``, worked out the same way: the
+    runner does not load Django)."""
+    package = Path(__file__).resolve().parents[1]
+    checkout = package.parent
+    out = {"Canopy's installation": str(package)}
+    if (checkout / "manage.py").exists():
+        out["Canopy's checkout"] = str(checkout)
+        data = checkout / "var"
+    else:
+        xdg = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
+        data = Path(xdg) / "canopy"
+    out["Canopy's data directory"] = os.environ.get("CANOPY_DATA_DIR") or str(data)
+    if sys.prefix != sys.base_prefix:
+        out["the virtual environment"] = sys.prefix
+    return {name: os.path.realpath(path) for name, path in out.items()}
+
+
+def check_workspace(workspace: str, presets: Iterable[AgentPreset]) -> None:
+    """ValueError, naming the presets, if ``workspace`` holds or lies in :func:`server_paths`:
+    an agent there reads the server's secrets and database, and writes its code."""
+    real = os.path.realpath(workspace)
+    for name, path in server_paths().items():
+        if real == path or _inside(real, path) or _inside(path, real):
+            where = "is" if real == path else ("lies inside" if _inside(real, path) else "holds")
+            names = ", ".join(repr(p.name) for p in presets)
+            raise ValueError(
+                f"preset(s) {names}: the workspace {workspace!r} {where} {name} ({path}): an "
+                "agent there could read the server's secrets and change its code; give the "
+                'runner a workspace of its own (--workspace, or "workspace" in the presets file)'
+            )
+
+
+def _inside(path: str, root: str) -> bool:
+    return path.startswith(root.rstrip("/") + "/")
+
+
 def confine(workspace: str, cwd: str | None) -> str:
     """``cwd`` resolved inside ``workspace`` (after symlinks); ValueError if it escapes."""
     base = Path(workspace).resolve()
@@ -222,6 +306,7 @@ class PresetEngine:
     def __init__(self, presets: list, workspace: str, *, mcp=None):
         self.presets_by_name = by_name(presets, self.name)
         self.workspace = str(Path(workspace).resolve())
+        check_workspace(self.workspace, presets)
         self.mcp = mcp
         contained = [p.name for p in presets if p.sandboxed]
         if contained and not shutil.which("bwrap"):
@@ -233,6 +318,23 @@ class PresetEngine:
         for preset in presets:
             if not preset.sandboxed:
                 log.warning("%s", unsandboxed_warning(preset))
+            elif preset.proxied:
+                for url in unreachable_urls(preset):
+                    log.warning(
+                        "preset %r names %s, which its allowHosts does not list: the egress "
+                        "proxy will refuse its agent that address (add %r to allowHosts)",
+                        preset.name,
+                        url,
+                        url.split("://", 1)[1].split("/", 1)[0],
+                    )
+            elif preset.network == "host":
+                log.warning(
+                    "preset %r shares the runner's network: its agent reaches every service on "
+                    "this machine (the database, Redis, the server's port) and everything the "
+                    'machine reaches; "network": "proxy" (the default) lets through only its '
+                    "model and /mcp",
+                    preset.name,
+                )
         if os.geteuid() == 0 and any(p.sandboxed and not p.user for p in presets):
             # The first root sandbox masks what only root may read in the system paths: found
             # by one thread per process (seconds on a cold disk), then kept current by it.

@@ -19,10 +19,12 @@ import logging
 import os
 import pwd
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from delegation import depth as depthlib
+from delegation.client import event
 from delegation.runner import sandbox
+from delegation.runner.egress import EgressProxy
 from delegation.runner.mcpconfig import redact_value
 from delegation.runner.presets import AgentPreset
 
@@ -64,13 +66,26 @@ async def spawn(
     limit: int,
     home: sandbox.PrivateHome | None = None,
     private: str | None = None,
+    mcp_url: str | None = None,
+    on_refusal: Callable[[str], None] | None = None,
 ) -> asyncio.subprocess.Process:
     """Start ``argv`` as the preset says (in its sandbox, with ``home`` as its HOME, and
-    ``private``, its MCP configuration's directory; as its account), pipes on all three."""
-    seccomp = None
+    ``private``, its MCP configuration's directory; as its account), pipes on all three.
+    Behind the egress proxy (``"network": "proxy"``) it reaches ``mcp_url`` and the preset's
+    ``allowHosts``; ``on_refusal`` hears every refusal (the engines make it a run event)."""
+    seccomp = proxy = None
     if preset.sandboxed:
         if home is None:
             raise ValueError("a sandboxed agent needs its private HOME")
+        if preset.proxied:
+            proxy = EgressProxy(
+                preset.allow_hosts,
+                mcp_url=mcp_url,
+                report=on_refusal or (lambda text: log.warning("%s", text)),
+                owner=sandbox.account(preset),
+            )
+            await proxy.start()
+            env = {**env, **proxy_env(proxy.proxy_port())}
         seccomp = sandbox.setid_filter_fd()
         prefix = sandbox.bwrap(
             preset,
@@ -81,17 +96,55 @@ async def spawn(
             home=home,
             private=private,
             seccomp_fd=seccomp,
+            egress=proxy.directory if proxy else None,
         )
+        if proxy is not None:
+            name = os.path.basename(proxy.path)
+            prefix += sandbox.bridge_argv(name, proxy.proxy_port(), proxy.forward_ports)
         argv = prefix + argv
     try:
         process = await _exec(preset, argv, cwd=cwd, env=env, limit=limit, seccomp=seccomp)
+    except BaseException:
+        if proxy is not None:
+            await proxy.close()
+        raise
     finally:
         if seccomp is not None:
             os.close(seccomp)  # bwrap has its own copy
+    if proxy is not None:
+        process.egress = proxy
+        task = asyncio.create_task(_close_after(process, proxy))
+        _closers.add(task)
+        task.add_done_callback(_closers.discard)
     # bwrap leads the process group: a SIGTERM to the whole group would end bwrap first, and
     # bwrap takes its sandbox down with SIGKILL; a cancel signals the agent instead.
     process.sandboxed = preset.sandboxed
     return process
+
+
+_closers: set[asyncio.Task] = set()
+
+
+def proxy_env(port: int) -> dict[str, str]:
+    """The variables that point an agent's HTTP clients at the bridge; loopback addresses
+    go straight to the bridge's own listeners (Canopy's /mcp, a local model endpoint)."""
+    url = f"http://127.0.0.1:{port}"
+    out = {name: url for name in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy")}
+    out["NO_PROXY"] = out["no_proxy"] = "localhost,127.0.0.1,::1"
+    return out
+
+
+def refusal_event(text: str) -> dict:
+    """The run event for one refusal of the egress proxy (SPEC §13: kind ``error``, the text
+    naming the host and the reason; ``error`` too, where the other error events say it)."""
+    return event("error", text=text, error=text)
+
+
+async def _close_after(process, proxy: EgressProxy) -> None:
+    try:
+        await process.wait()
+    finally:
+        await proxy.close()
 
 
 async def _exec(preset: AgentPreset, argv, *, cwd, env, limit, seccomp):

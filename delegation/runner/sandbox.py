@@ -14,8 +14,9 @@ Inside it an agent has:
 - a fresh ``/tmp``, and two writable paths: the workspace and a private HOME made for this
   child (the XDG and TMPDIR directories its environment names are created in it);
 - of Canopy's files only its own MCP configuration, read-only;
-- the network of the runner (it must reach ``/mcp`` on loopback), or none
-  (``"network": "none"``).
+- its own network namespace with loopback only: the egress proxy (:mod:`delegation.runner.
+  egress`) through a bridge on loopback (``"network": "proxy"``, the default), or nothing
+  (``"none"``); or the runner's network when the preset says ``"network": "host"``.
 
 A root runner's user namespace maps the agent to host uid 0 for file ownership (that is what
 lets it write a root-owned workspace); so files not readable by everyone in the system paths
@@ -33,6 +34,7 @@ import os
 import pwd
 import shutil
 import stat
+import sys
 import tempfile
 import threading
 import time
@@ -56,6 +58,16 @@ log = logging.getLogger("canopy.runner.sandbox")
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
 # The agent's uid and gid inside the user namespace of a root runner (nobody/nogroup).
 SANDBOX_UID = SANDBOX_GID = 65534
+# Where a sandbox sees its egress proxy's socket directory and the bridge that relays to it.
+EGRESS_DIR = "/run/canopy-egress"
+BRIDGE_SOURCE = str(Path(__file__).with_name("egress_bridge.py"))
+BRIDGE_INSIDE = "/run/canopy-egress-bridge.py"
+# The bridge needs only the standard library: the system's python3 where there is one (under
+# /usr, readable by any account, nothing more to bind), else the runner's own interpreter.
+BRIDGE_PYTHON = next(
+    (p for p in ("/usr/bin/python3", "/bin/python3") if os.access(p, os.X_OK)),
+    os.path.realpath(sys.executable),
+)
 # Directories an agent's environment may point into its HOME or /tmp: made to exist there.
 ENV_DIRS = ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "TMPDIR")
 
@@ -352,8 +364,11 @@ def bwrap(
     home: PrivateHome,
     private: str | None = None,
     seccomp_fd: int | None = None,
+    egress: str | None = None,
 ) -> list[str]:
-    """The bubblewrap command line that runs the agent (everything before its argv)."""
+    """The bubblewrap command line that runs the agent (everything before its argv);
+    ``egress`` is the directory of the child's egress proxy socket (``"network": "proxy"``),
+    bound at :data:`EGRESS_DIR` with the bridge, which :func:`bridge_argv` then starts."""
     out = ["bwrap", "--die-with-parent", "--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
     if seccomp_fd is not None:
         out += ["--seccomp", str(seccomp_fd)]
@@ -362,15 +377,15 @@ def bwrap(
     # No --new-session: the runner already starts bwrap in a session of its own, without a
     # terminal, and keeping one process group lets a cancel's SIGTERM reach the agent itself.
     out += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-    if preset.network == "none":
-        out += ["--unshare-net"]
+    if preset.network != "host":
+        out += ["--unshare-net"]  # loopback only: the egress proxy's bridge listens there
     readable = [*SYSTEM_PATHS]
     for path in SYSTEM_PATHS:
         out += ["--ro-bind-try", path, path]
     # Name resolution where /etc/resolv.conf links out of /etc (systemd-resolved's /run file):
-    # that one file, not the rest of /run (its sockets).
+    # that one file, not the rest of /run (its sockets). Behind the proxy the proxy resolves.
     resolver = os.path.realpath("/etc/resolv.conf")
-    if preset.network != "none" and not _under(resolver, SYSTEM_PATHS):
+    if preset.network == "host" and not _under(resolver, SYSTEM_PATHS):
         out += ["--ro-bind-try", resolver, resolver]
     out += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     # HOME before the read-only binds: an interpreter installed under the runner's HOME
@@ -383,6 +398,11 @@ def bwrap(
         if value.startswith("/tmp/") and not value.startswith(home_dir.rstrip("/") + "/"):
             out += ["--dir", value]
     binds = installation(argv[0], env.get("PATH", ""))
+    if egress is not None:
+        # The bridge (standard library only) runs on the runner's own interpreter.
+        if not _under(BRIDGE_PYTHON, SYSTEM_PATHS):
+            binds += installation(BRIDGE_PYTHON, "")
+        out += ["--ro-bind", egress, EGRESS_DIR, "--ro-bind", BRIDGE_SOURCE, BRIDGE_INSIDE]
     script = script_of(argv, cwd)
     if script and not _under(script, (workspace,)):
         binds += _with_real([(os.path.realpath(script), script)])
@@ -405,6 +425,13 @@ def bwrap(
         out += ["--bind", home.path, home_dir]
     out += ["--chdir", cwd, "--"]
     return out
+
+
+def bridge_argv(socket_name: str, proxy_port: int, ports: Iterable[int]) -> list[str]:
+    """What runs first in a proxied sandbox: the bridge, which then becomes the agent."""
+    listen = ",".join(str(p) for p in ports)
+    socket_path = f"{EGRESS_DIR}/{socket_name}"
+    return [BRIDGE_PYTHON, "-I", "-S", BRIDGE_INSIDE, socket_path, str(proxy_port), listen, "--"]
 
 
 def unsandboxed_warning(preset: AgentPreset) -> str:

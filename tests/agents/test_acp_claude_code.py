@@ -42,7 +42,13 @@ async def test_it_runs_a_child_on_claude_code_acp_offline(daphne_server, tmp_pat
     with model_stub.ModelStub(script) as stub:
         # Claude Code refuses to skip permission prompts as root unless told it is sandboxed.
         env = claude_cli.offline_env(stub.url, tmp_path / "home", IS_SANDBOX="1")
-        preset = AcpPreset("claude", [claude_cli.acp_bin()], env=env, allow_tool_kinds=("execute",))
+        preset = AcpPreset(
+            "claude",
+            [claude_cli.acp_bin()],
+            env=env,
+            allow_tool_kinds=("execute",),
+            allow_hosts=tuple(claude_cli.allow_model(stub.url)),
+        )
         engine = AcpEngine([preset], str(workspace))
         host = RunnerHost(
             daphne_server.ws_url, token, engine, extension_id="claude", client_options=FAST
@@ -115,6 +121,7 @@ async def delegate_through_mcp(server, tmp_path) -> tuple[str, AgentTree]:
             env=env,
             allow_tool_kinds=("execute", "other"),
             mcp_token_via="env",
+            allow_hosts=tuple(claude_cli.allow_model(stub.url)),
         )
         # No mcp= stand-in: the engine asks the server for each run's token (run.mcpToken).
         engine = AcpEngine([preset], str(workspace))

@@ -10,6 +10,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from delegation.runner.command import CommandEngine, CommandPreset
+from tests.support.agents.claude_cli import allow_model
 from tests.support.agents.delegating import (
     AgentTree,
     DelegateScript,
@@ -37,6 +38,7 @@ def codex_preset(model_url: str, **changes) -> dict:
     at = command.index("exec") + 1
     preset["command"] = command[:at] + codex_provider_args(model_url) + command[at:]
     preset["env"] = {**preset.get("env", {}), "STUB_API_KEY": STUB_KEY}
+    preset["allowHosts"] = allow_model(model_url)
     preset.update(changes)
     return preset
 

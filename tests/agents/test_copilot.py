@@ -13,6 +13,7 @@ from asgiref.sync import sync_to_async
 from delegation.runner.command import CommandEngine, CommandPreset
 from delegation.runner.formats import make_format
 from delegation.runner.model_stub import ModelStub
+from tests.support.agents.claude_cli import allow_model
 from tests.support.agents.delegating import (
     AgentTree,
     DelegateScript,
@@ -69,6 +70,7 @@ def copilot_preset(model_url: str, **changes) -> dict:
     preset = json.loads(json.dumps(preset))
     preset["command"][0] = agent_bin("copilot")
     preset["env"] = {**preset.get("env", {}), **copilot_env(model_url)}
+    preset["allowHosts"] = allow_model(model_url)
     preset.update(changes)
     return preset
 

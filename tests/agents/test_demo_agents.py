@@ -49,9 +49,13 @@ def get(url: str, token: str):
         return json.loads(response.read())
 
 
-def test_it_loads_the_shipped_demo_presets_with_the_runners_own_loader():
+def test_it_loads_the_shipped_demo_presets_with_the_runners_own_loader(tmp_path):
     config = load_config(PRESETS)
-    engine = CommandEngine.from_config(config)
+    # Its agents work outside the checkout (issue 33: in it they read var/dev-secret-key).
+    assert "workspace" not in config
+    with pytest.raises(ValueError, match="'claude': the workspace .* Canopy's"):
+        CommandEngine.from_config(config, workspace=str(PROJECT))
+    engine = CommandEngine.from_config(config, workspace=str(tmp_path))
     assert list(engine.presets_by_name) == ["claude"]
     preset = engine.presets_by_name["claude"]
     assert preset.name == "claude" and preset.format == "claude-stream-json"
@@ -59,24 +63,23 @@ def test_it_loads_the_shipped_demo_presets_with_the_runners_own_loader():
     assert preset.env["ANTHROPIC_BASE_URL"] == STUB_URL
     assert preset.env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
     assert preset.env["ENABLE_TOOL_SEARCH"] == "false"
-    assert engine.workspace == str(PROJECT)  # HOME is var/demo-agents/home there (ignored)
+    assert preset.allow_hosts == ("127.0.0.1:8765",)  # the stub model, through the proxy
 
 
 def test_it_grows_a_tree_of_real_claude_code_runs_in_one_command(tmp_path):
     claude_bin()  # fails, not skips, without `make agents`
     port, model_port = free_port(), free_port()
     presets = tmp_path / "demo-claude.json"
-    text = PRESETS.read_text().replace(STUB_URL, f"http://127.0.0.1:{model_port}")
-    config = json.loads(text)
-    config["workspace"] = str(tmp_path)
-    presets.write_text(json.dumps(config))
+    text = PRESETS.read_text().replace(STUB_URL[7:], f"127.0.0.1:{model_port}")
+    presets.write_text(text)
     env = {**os.environ, "CANOPY_DATA_DIR": str(tmp_path / "data")}
     env.pop("DATABASE_URL", None)
     env.pop("REDIS_URL", None)
     log = (tmp_path / "demo.log").open("w+")
     make = subprocess.Popen(
         ["make", "-o", "install", "-o", "agents", "-o", "var/dev-secret-key", "demo-agents"]
-        + [f"PORT={port}", f"MODEL_PORT={model_port}", f"DEMO_PRESETS={presets}"],
+        + [f"PORT={port}", f"MODEL_PORT={model_port}", f"DEMO_PRESETS={presets}"]
+        + [f"DEMO_WORKSPACE={tmp_path / 'workspace'}"],
         cwd=PROJECT,
         env=env,
         stdout=log,

@@ -12,6 +12,7 @@ from asgiref.sync import sync_to_async
 
 from delegation.runner.command import CommandEngine, CommandPreset
 from delegation.runner.formats import make_format
+from tests.support.agents.claude_cli import allow_model
 from tests.support.agents.delegating import (
     AgentTree,
     DelegateScript,
@@ -53,6 +54,7 @@ def gemini_preset(model_url: str, **changes) -> dict:
     preset["command"][0] = agent_bin("gemini")
     preset["command"][1:1] = ["--model", GEMINI_MODEL]
     preset["env"] = {**preset.get("env", {}), **gemini_env(model_url)}
+    preset["allowHosts"] = allow_model(model_url)
     preset.update(changes)
     return preset
 

@@ -8,6 +8,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from delegation.runner.acp import AcpEngine, AcpPreset
+from tests.support.agents.claude_cli import allow_model
 from tests.support.agents.delegating import (
     AgentTree,
     DelegateScript,
@@ -46,6 +47,7 @@ def gemini_acp_preset(model_url: str) -> AcpPreset:
         # servers in a folder it does not trust).
         env={**gemini_env(model_url), "GEMINI_CLI_TRUST_WORKSPACE": "true"},
         allow_tool_kinds=("execute", "other", "fetch", "read"),
+        allow_hosts=tuple(allow_model(model_url)),
     )
 
 

@@ -11,7 +11,7 @@ import json
 import re
 from pathlib import Path
 
-from tests.support.agents.claude_cli import claude_bin, offline_env
+from tests.support.agents.claude_cli import allow_model, claude_bin, offline_env
 
 README = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "connect-claude-codex-gemini.md"
 MARKER = "<!-- real-agent-presets -->"
@@ -34,5 +34,6 @@ def offline_claude_preset(model_url: str, home: Path, **changes) -> dict:
     env.pop("PATH")  # the engine passes the runner's own PATH
     env.pop("ENABLE_TOOL_SEARCH")  # the README's preset sets it
     preset["env"] = {**env, **preset.get("env", {})}
+    preset["allowHosts"] = allow_model(model_url)
     preset.update(changes)
     return preset

@@ -104,6 +104,7 @@ class AcpEngine(PresetEngine):
         env = self.environment(ctx, preset, cwd)
         if token is not None and preset.mcp_token_via == "env":
             env[mcpconfig.CODEX_TOKEN_ENV] = token.token
+        queue: asyncio.Queue = asyncio.Queue()
         process = await proc.spawn(
             preset,
             list(preset.command),
@@ -112,11 +113,12 @@ class AcpEngine(PresetEngine):
             env=env,
             limit=STREAM_LIMIT,
             home=home,
+            mcp_url=token.url if token is not None else None,
+            on_refusal=lambda text: queue.put_nowait(proc.refusal_event(text)),
         )
         ctx.data["process"] = process
         ctx.data["pid"] = process.pid
         ctx.data["acp_done"] = False
-        queue: asyncio.Queue = asyncio.Queue()
         session = Session(ctx, preset, queue)
         ctx.data["acp_session"] = session
         if problem:

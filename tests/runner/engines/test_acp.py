@@ -357,14 +357,14 @@ async def test_it_keeps_every_event_of_a_fast_agent_in_order(harness):
     )
 
 
-def test_it_reads_the_documented_acp_presets_and_refuses_bad_ones():
+def test_it_reads_the_documented_acp_presets_and_refuses_bad_ones(tmp_path):
     readme = (PROJECT / "docs" / "how-to" / "connect-an-acp-agent.md").read_text()
     block = next(
         b.split("```", 1)[0]
         for b in readme.split("```json\n")[1:]
         if b.startswith('{"presets": [{"name": "claude"')
     )
-    engine = AcpEngine.from_config(json.loads(block), workspace=str(Path.cwd()))
+    engine = AcpEngine.from_config(json.loads(block), workspace=str(tmp_path))
     preset = engine.presets_by_name["claude"]
     assert preset.command == ["claude-agent-acp"]
     assert preset.allow_tool_kinds == ("read", "search")

@@ -39,6 +39,13 @@ def acp_bin() -> str:
     return str(path)
 
 
+def allow_model(model_url: str) -> list[str]:
+    """The ``allowHosts`` that lets a sandboxed agent reach the stub model (SPEC §13: a
+    loopback address only when the preset names it with its port)."""
+    host_port = model_url.split("://", 1)[1].split("/", 1)[0]
+    return [host_port]
+
+
 def offline_env(model_url: str, home: Path, **extra: str) -> dict[str, str]:
     """An environment that keeps the CLI on the stub model and off the machine's config.
 
