@@ -84,11 +84,13 @@ run: install $(DEV_KEY)
 MODEL_PORT ?= 8765
 DEMO_PRESETS ?= deploy/presets/demo-claude.json
 DEMO_ROOT := [root] Grow a small demo tree
+# The agents work here, not in the checkout: an agent there would read the server's secrets.
+DEMO_WORKSPACE ?= $(HOME)/.cache/canopy-demo/workspace
 demo-agents: install agents $(DEV_KEY)
 	$(KEYED) $(PY) manage.py migrate --noinput
 	PATH="$(CURDIR)/$(AGENTS_DIR)/node_modules/.bin:$$PATH" $(KEYED) $(PY) manage.py demo \
 	  --host $(HOST) --port $(PORT) --presets '$(DEMO_PRESETS)' --model-stub $(MODEL_PORT) \
-	  '--root=$(DEMO_ROOT)' --root-profile claude
+	  '--root=$(DEMO_ROOT)' --root-profile claude --workspace '$(DEMO_WORKSPACE)'
 
 # The server alone, without the demo runner.
 serve: install $(DEV_KEY)

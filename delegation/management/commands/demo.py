@@ -70,6 +70,11 @@ class Command(BaseCommand):
         parser.add_argument("--root", action="append", default=[], metavar="MESSAGE")
         parser.add_argument("--root-profile", default=None)
         parser.add_argument(
+            "--workspace",
+            default=None,
+            help="the agents' workspace (with --presets; never the checkout: SPEC §13)",
+        )
+        parser.add_argument(
             "--model-stub", type=int, default=None, metavar="PORT", help="scripted model port"
         )
 
@@ -212,6 +217,9 @@ def runner_command(opts, seed: int) -> list[str]:
     if opts.get("presets"):
         cmd += ["--engine", opts.get("engine") or "command"]
         cmd += ["--config", os.path.abspath(opts["presets"])]
+        if opts.get("workspace"):
+            os.makedirs(opts["workspace"], exist_ok=True)
+            cmd += ["--workspace", os.path.abspath(opts["workspace"])]
         for message in opts.get("root") or []:
             cmd.append(f"--root={message}")  # one token: a message may start with "-"
         if opts.get("root_profile"):
