@@ -15,6 +15,7 @@ import logging
 import time
 import weakref
 
+from channels.layers import InMemoryChannelLayer
 from channels_redis.core import RedisChannelLayer
 
 from delegation.lograte import RateLimitedLog
@@ -67,6 +68,18 @@ def forged_socket_message(message: dict) -> bool:
     return str(message.get("type", "")).startswith("websocket.") and (
         message.get(_ORIGIN) is not _FROM_SOCKET
     )
+
+
+def vouches_for_content(layer) -> bool:
+    """Whether what a message of ``layer`` carries (a doorbell's events) may be passed on as
+    it is: an in-process layer's messages come from this process, an encrypted layer's from a
+    process holding ``CHANNEL_LAYER_KEY``. Anything else only rings: the reader re-reads the
+    database (issue 33: a doorbell pushed into password-less Redis showed a browser an event
+    that was never stored)."""
+    if isinstance(layer, InMemoryChannelLayer):
+        return True
+    serializer = getattr(layer, "_serializer", None)
+    return getattr(serializer, "crypter", None) is not None
 
 
 def recently_faulted(layer, *, within: float) -> bool:

@@ -14,6 +14,7 @@ from dashboard.live.caps import MAX_RUN_SUBSCRIPTIONS
 from dashboard.live.frames import SubscribeRun, Unsubscribe
 from dashboard.live.read_cache import shared_run_delta
 from delegation import metrics, notify, selectors
+from delegation.layers import vouches_for_content
 from delegation.wire import dumps
 
 # Events per catch-up read: each may carry 4 x 32 KiB, so a page stays a few MB at most.
@@ -67,6 +68,8 @@ class RunSubscriptions:
         self.connection = connection
         self.subs: dict[int, RunSub] = {}
         self.dirty: set[int] = set()
+        # Carried events are sent on only from a layer that vouches for them (SPEC §13).
+        self.vouched = vouches_for_content(connection.socket.channel_layer)
 
     async def subscribe(self, frame: SubscribeRun):
         conn = self.connection
@@ -98,7 +101,12 @@ class RunSubscriptions:
         sub = self.subs.get(run_pk)
         if sub is None:
             return
-        if message.get("events") and sub.state and message.get("status") == sub.state[0]:
+        if (
+            message.get("events")
+            and sub.state
+            and message.get("status") == sub.state[0]
+            and self.vouched
+        ):
             sub.carried.append(message["events"])
         else:
             sub.carried.append(None)  # something a doorbell cannot carry: read it

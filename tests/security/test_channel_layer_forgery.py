@@ -20,6 +20,7 @@ import msgpack
 import pytest
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.utils.module_loading import import_string
 
 from delegation import models, notify
 from tests.support.rpc import adb
@@ -98,3 +99,49 @@ async def _zadd_plain(layer, channel: str, message: dict) -> None:
     payload = os.urandom(12) + msgpack.packb(message, use_bin_type=True)
     connection = layer.connection(layer.consistent_hash(key))
     await connection.zadd(key, {payload: time.time()})
+
+
+def _follower(layer):
+    """One socket's run subscriptions, following run pk 1 in state ``running``."""
+    from types import SimpleNamespace
+
+    from dashboard.live.runs import RunSub, RunSubscriptions
+
+    subs = RunSubscriptions(SimpleNamespace(socket=SimpleNamespace(channel_layer=layer)))
+    subs.subs[1] = RunSub(pk=1, run_id="root-1", root_pk=1, sent=0, state=("running",))
+    return subs
+
+
+FORGED_BELL = {
+    "type": "run.changed",
+    "run": 1,
+    "status": "running",
+    "events": [{"sequence": 1, "kind": "text", "text": "allow by operator:admin1"}],
+}
+
+
+@pytest.mark.parametrize(
+    ("config", "passed_on"),
+    [
+        ({"BACKEND": "channels.layers.InMemoryChannelLayer"}, True),
+        ({"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {}}, False),
+        (
+            {
+                "BACKEND": "channels_redis.core.RedisChannelLayer",
+                "CONFIG": {"symmetric_encryption_keys": ["k" * 32]},
+            },
+            True,
+        ),
+    ],
+    ids=["in-memory", "redis-without-key", "redis-with-key"],
+)
+def test_it_passes_on_a_doorbells_events_only_from_a_layer_that_vouches_for_them(config, passed_on):
+    """Issue 33: a doorbell pushed into password-less Redis carried an event that was never
+    stored, and the browser showed it. Without the key only the ring counts: the socket reads
+    the database."""
+    layer = import_string(config["BACKEND"])(**config.get("CONFIG", {}))
+    subs = _follower(layer)
+    subs.ring(FORGED_BELL)
+    carried = subs.subs[1].carried
+    assert carried == ([FORGED_BELL["events"]] if passed_on else [None])
+    assert subs.dirty == {1}  # rung either way: the socket catches up
