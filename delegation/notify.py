@@ -148,11 +148,21 @@ def runner_outbox(runner_pk: int) -> None:
     transaction.on_commit(lambda: _send(runner_group(runner_pk), {"type": "outbox.ring"}))
 
 
+def credentials_group(runner_pk: int) -> str:
+    """Every MCP call waiting under a run token of this runner (SPEC §11: authority ends at
+    revocation): rung when the runner's token is rotated or revoked."""
+    return f"credentials.{runner_pk}"
+
+
 def runner_fenced(runner_pk: int, why: str) -> None:
-    """Close every socket of this runner: its credential no longer holds."""
-    transaction.on_commit(
-        lambda: _send(runner_group(runner_pk), {"type": "runner.revoked", "why": why})
-    )
+    """Close every socket of this runner, and wake every call waiting under its run tokens:
+    its credential no longer holds (each re-reads the record before it believes that)."""
+
+    def ring():
+        _send(runner_group(runner_pk), {"type": "runner.revoked", "why": why})
+        _send(credentials_group(runner_pk), {"type": "credentials.changed"})
+
+    transaction.on_commit(ring)
 
 
 def runner_changed(runner_pk: int) -> None:

@@ -21,7 +21,7 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import Field
 
 from delegation.errors import NO_SUCH_RUN, RpcError
-from delegation.mcp.calls import call_service
+from delegation.mcp.calls import call_service, refused
 from delegation.mcp.waiting import wait_until
 from delegation.models import ApprovalStatus
 from delegation.selectors.approvals import approval_state, approved_input
@@ -58,6 +58,8 @@ def _denied(message: str) -> CallToolResult:
 
 
 async def wait_for_decision(ctx: Context, approval_pk: int, run_pk: int):
+    """The decision, or ``RpcError`` −32001 as soon as the caller's run token stops holding
+    (issue 35: a rotated runner token's waiting approve delivered allow 2.8 s later)."""
     read = database_sync_to_async(approval_state)
     seconds = settings.APPROVAL_TIMEOUT_SECONDS + TIMEOUT_SLACK_SECONDS
     approval = await wait_until(
@@ -65,7 +67,7 @@ async def wait_for_decision(ctx: Context, approval_pk: int, run_pk: int):
         run_pk,
         seconds,
         "an operator's approval",
-        lambda: read(approval_pk),
+        lambda: call_service(lambda _run, _caller: approval_state(approval_pk), ctx),
         lambda a: a.status != ApprovalStatus.PENDING,
     )
     if approval.status == ApprovalStatus.PENDING:
@@ -98,5 +100,8 @@ def add_approve(server: MCPServer) -> None:
         except RpcError as error:
             # Fail closed: an approval that cannot be asked for is a denial the agent reads.
             return _denied(f"Canopy refused the approval request: {error.message}")
-        approval = await wait_for_decision(ctx, approval_pk, run_pk)
+        try:
+            approval = await wait_for_decision(ctx, approval_pk, run_pk)
+        except RpcError as error:
+            return refused(error)  # the token died while it waited: −32001, not a decision
         return answer(approval)

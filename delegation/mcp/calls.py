@@ -57,11 +57,17 @@ def _token_of(ctx: Context) -> str:
     )
 
 
-def _caller(ctx: Context) -> tuple[RunCaller, Caller]:
-    """Checked at every call, not only when the token was issued."""
+def authenticate(ctx: Context) -> RunCaller:
+    """The caller's run, or ``_DeadToken`` (−32001) when its token no longer holds."""
     run_caller = run_tokens.authenticate_run_token(_token_of(ctx))
     if run_caller is None:
         raise _DeadToken()
+    return run_caller
+
+
+def _caller(ctx: Context) -> tuple[RunCaller, Caller]:
+    """Checked at every call, not only when the token was issued."""
+    run_caller = authenticate(ctx)
     caller = Caller(
         conn=Connection(runner_pk=run_caller.runner_pk, generation=run_caller.generation),
         via=RunVia.MCP.value,

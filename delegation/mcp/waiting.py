@@ -16,6 +16,7 @@ from mcp.server.mcpserver import Context
 
 from delegation import notify
 from delegation.errors import INVALID_PARAMS, RpcError
+from delegation.mcp import credential_watch
 
 # How often a waiting call sends notifications/progress, and re-reads the database in case a
 # doorbell was lost (the channel layer may drop rings; the database is the record).
@@ -32,6 +33,13 @@ def wait_seconds(value: float | None) -> float:
             f"waitSeconds: must be between 0 and {settings.MCP_MAX_WAIT_SECONDS}, got {value}",
         )
     return float(value)
+
+
+def _runner_of(ctx: Context) -> tuple[int, str]:
+    from delegation.mcp.calls import authenticate
+
+    caller = authenticate(ctx)
+    return caller.runner_pk, caller.runner_token_hash
 
 
 def _run_pk_of(run_id: str) -> int | None:
@@ -51,7 +59,10 @@ async def wait_until(ctx: Context, run_pk, seconds: float, label: str, read, sat
 
     ``run_pk`` is one run's pk or a list of them (``await_children`` waits on every awaited
     child's doorbell with one channel). Joins the doorbell groups on a fresh channel before
-    the first read, so no ring is missed between them.
+    the first read, so no ring is missed between them; and the caller's runner's credentials
+    group, so a rotated or revoked token wakes the call at once. ``read`` authenticates the
+    caller's run token again each time (``calls.call_service``): the ring is a doorbell, the
+    record says whether the token still holds.
     """
     layer = get_channel_layer()
     loop = asyncio.get_running_loop()
@@ -60,9 +71,12 @@ async def wait_until(ctx: Context, run_pk, seconds: float, label: str, read, sat
     channel = await layer.new_channel() if layer is not None else None
     run_pks = run_pk if isinstance(run_pk, list | tuple) else [run_pk]
     groups = [notify.run_group(pk) for pk in run_pks]
+    runner_pk, token_hash = await database_sync_to_async(_runner_of)(ctx)
+    groups.append(notify.credentials_group(runner_pk))
     if channel is not None:
         for group in groups:
             await layer.group_add(group, channel)
+        credential_watch.watch(layer, channel, runner_pk, token_hash)
     receiving: asyncio.Future | None = None
     try:
         result = await read()
@@ -97,5 +111,6 @@ async def wait_until(ctx: Context, run_pk, seconds: float, label: str, read, sat
         if receiving is not None:
             receiving.cancel()
         if channel is not None:
+            credential_watch.forget(channel)
             for group in groups:
                 await layer.group_discard(group, channel)

@@ -69,6 +69,9 @@ class RunCaller:
     generation: int
     extension_id: str
     extension_generation: int | None
+    # The runner token the run token was issued under: a rotation or revocation moves the
+    # runner's own hash away from it, and the run token stops holding.
+    runner_token_hash: str = ""
 
 
 def authenticate_run_token(token: str) -> RunCaller | None:
@@ -98,6 +101,7 @@ def authenticate_run_token(token: str) -> RunCaller | None:
         generation=runner.connection_generation,
         extension_id=extension_id,
         extension_generation=generation,
+        runner_token_hash=found.runner_token_hash,
     )
 
 
