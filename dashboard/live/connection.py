@@ -16,7 +16,7 @@ import time
 
 from channels.db import database_sync_to_async
 
-from dashboard.live import backpressure
+from dashboard.live import backpressure, credential_watch
 from dashboard.live.approvals import ApprovalSubscription
 from dashboard.live.backpressure import MAX_OWED_REPLIES, Backlogged
 from dashboard.live.frames import (
@@ -70,8 +70,10 @@ class Connection:
     def start(self):
         self.tasks.append(asyncio.ensure_future(self._work()))
         self.tasks.append(asyncio.ensure_future(self._beat()))
+        credential_watch.watch(self)
 
     async def stop(self):
+        credential_watch.forget(self)
         for task in self.tasks:
             task.cancel()
         hub = hub_for(self.socket.channel_layer)
@@ -169,18 +171,24 @@ class Connection:
             self.jobs.append(self._sweep_and_beat)
             self.wake.set()
 
-    async def _sweep_and_beat(self):
-        # Authority is re-checked on every heartbeat: a logout, an expired session, a
-        # deactivated user, a removed role or a revoked or expired token ends the stream.
+    async def end_if_unauthorised(self):
+        """Close the socket if its credential no longer holds: a logout, an expired session,
+        a deactivated user, a removed role or a revoked or expired token ends the stream."""
         code = await database_sync_to_async(recheck)(self.user.pk, self.session_key, self.token)
         if code is not None:
             log.info("live socket of user %s closed with %s: authority ended", self.user.pk, code)
+            credential_watch.forget(self)
             for task in self.tasks:
                 if task is not asyncio.current_task():
                     task.cancel()
             self.jobs.clear()
             await self.socket.close(code=code)
             raise Closed
+
+    async def _sweep_and_beat(self):
+        # Authority is re-checked in full on every heartbeat (and at once when the credential
+        # watch sees a token revoked or a user deactivated).
+        await self.end_if_unauthorised()
         # The hub re-joins the process's groups after a Redis restart; this catches up what
         # was rung while they were forgotten.
         await self.catch_up_all()

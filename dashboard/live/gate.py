@@ -17,11 +17,14 @@ from django.contrib.auth import (
     load_backend,
 )
 from django.core.exceptions import ValidationError
+from django.db.models import Q
 from django.http.request import split_domain_port, validate_host
+from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
 from dashboard import sso
 from delegation import roles
+from delegation.models import ApiToken, hash_token
 from delegation.protocol import CLOSE_FORBIDDEN, CLOSE_UNAUTHORIZED, bearer_token
 from delegation.services import tokens
 
@@ -157,6 +160,37 @@ def recheck(user_pk: int, session_key: str | None, token: str) -> int | None:
     if roles.role_of(user) is None:
         return CLOSE_FORBIDDEN
     return None
+
+
+def lapsed(credentials: list[tuple[int, str]]) -> list[int]:
+    """Of ``(user pk, API token or "")`` pairs, the indexes whose credential no longer holds
+    by the cheap test: a token revoked, expired or of an inactive user; a session's user
+    inactive. Two queries for any number of sockets (``credential_watch``'s tick); a session
+    logged out, a changed password or a lost role wait for the heartbeat's full ``recheck``."""
+    hashes = {hash_token(token) for _pk, token in credentials if token}
+    held = set()
+    if hashes:
+        now = timezone.now()
+        held = set(
+            ApiToken.objects.filter(
+                token_hash__in=hashes, revoked_at__isnull=True, user__is_active=True
+            )
+            .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+            .values_list("token_hash", flat=True)
+        )
+    session_users = {pk for pk, token in credentials if not token}
+    active = set()
+    if session_users:
+        active = set(
+            get_user_model()
+            .objects.filter(pk__in=session_users, is_active=True)
+            .values_list("pk", flat=True)
+        )
+    return [
+        index
+        for index, (pk, token) in enumerate(credentials)
+        if (token and hash_token(token) not in held) or (not token and pk not in active)
+    ]
 
 
 def _session_user(session_key: str | None):
