@@ -151,6 +151,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # A user of the identity provider: its groups re-read every OIDC_RECHECK_SECONDS.
+    "dashboard.sso.RecheckMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "dashboard.security.ContentSecurityPolicyMiddleware",

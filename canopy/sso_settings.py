@@ -87,7 +87,7 @@ def sso_settings(ns: dict) -> dict:
         OIDC_PROVIDER_NAME=env_str("OIDC_PROVIDER_NAME", "your identity provider").strip(),
         # How often a live socket asks the provider again (userinfo) whether its user still
         # holds the role: group changes reach open sockets within this.
-        OIDC_RECHECK_SECONDS=env_float("OIDC_RECHECK_SECONDS", 300.0, minimum=0),
+        OIDC_RECHECK_SECONDS=env_float("OIDC_RECHECK_SECONDS", 900.0, minimum=0),
         OIDC_TIMEOUT=env_float("OIDC_TIMEOUT_SECONDS", 10.0, minimum=0.1),
         # mozilla-django-oidc's own names.
         OIDC_RP_CLIENT_ID=client_id,

@@ -21,6 +21,7 @@ from django.contrib import auth
 from django.core.exceptions import SuspiciousOperation
 from django.http import HttpResponseRedirect
 from django.urls import reverse
+from django.utils import timezone
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
@@ -108,6 +109,11 @@ class ProviderBackend(OIDCAuthenticationBackend):
         try:
             user = sso.do_sso_sign_in(issuer=settings.OIDC_ISSUER, claims=claims)
             self.request.session[CHECKED_AT] = time.time()  # the groups were just read
+            sso.keep_provider_tokens(
+                user=user,
+                access_token=access_token,
+                refresh_token=self.request.session.get(REFRESH_TOKEN, ""),
+            )
             return user
         except PermissionRefused as exc:
             self.request.canopy_sso_refusal = str(exc)
@@ -167,21 +173,73 @@ def _userinfo(access_token: str) -> dict | None:
 
 def _refreshed(session) -> str | None:
     refresh = session.get(REFRESH_TOKEN)
-    if not refresh:
+    fresh = _refresh(refresh) if refresh else None
+    if fresh is None:
         return None
+    session["oidc_access_token"], session[REFRESH_TOKEN] = fresh
+    return fresh[0] or None
+
+
+def recheck_user(user) -> str:
+    """For any request of a user signed in through the provider (a page, REST, an API token,
+    a live socket), at most every ``OIDC_RECHECK_SECONDS``: ask the provider again with the
+    tokens of the user's latest sign-in and make the role follow its groups (issue 35: a user
+    removed from a group kept the role on pages, REST and API tokens). "ok" (nothing to do,
+    or the provider cannot be reached: asked again next time), "changed" (the role was re-read)
+    or "ended" (the provider no longer vouches for the user: no role)."""
+    if not enabled() or settings.OIDC_RECHECK_SECONDS <= 0:
+        return "ok"
+    identity = sso.identity_of(user)
+    if identity is None:
+        return "ok"
+    age = (timezone.now() - identity.last_seen_at).total_seconds()
+    if age < settings.OIDC_RECHECK_SECONDS:
+        return "ok"
+    try:
+        claims = _userinfo(identity.access_token) if identity.access_token else None
+        if claims is None and identity.refresh_token:
+            fresh = _refresh(identity.refresh_token)
+            if fresh is not None:
+                identity.access_token, identity.refresh_token = fresh
+                sso.keep_provider_tokens(user=user, access_token=fresh[0], refresh_token=fresh[1])
+                claims = _userinfo(fresh[0])
+    except (requests.RequestException, ValueError, ProviderUnavailable) as exc:
+        log.warning("single sign-on re-check of user %s deferred: %s", user.pk, exc)
+        return "ok"
+    if claims is not None and claims.get("sub") != identity.subject:
+        claims = None
+    role = sso.do_sso_recheck(user=user, claims=claims)
+    return "changed" if role is not None else "ended"
+
+
+def _refresh(refresh_token: str) -> tuple[str, str] | None:
+    """A new (access token, refresh token) for ``refresh_token``, or None if refused."""
     response = requests.post(
         discovery()["token_endpoint"],
-        data={"grant_type": "refresh_token", "refresh_token": refresh},
+        data={"grant_type": "refresh_token", "refresh_token": refresh_token},
         auth=(settings.OIDC_RP_CLIENT_ID, settings.OIDC_RP_CLIENT_SECRET),
         timeout=settings.OIDC_TIMEOUT,
     )
     if response.status_code != 200:
         return None
     tokens = response.json()
-    session["oidc_access_token"] = tokens.get("access_token", "")
-    if tokens.get("refresh_token"):
-        session[REFRESH_TOKEN] = tokens["refresh_token"]
-    return session["oidc_access_token"] or None
+    return tokens.get("access_token", ""), tokens.get("refresh_token") or refresh_token
+
+
+class RecheckMiddleware:
+    """Pages and REST (after authentication): a user signed in through the provider whose
+    claims are older than ``OIDC_RECHECK_SECONDS`` is re-checked; one the provider no longer
+    vouches for is signed out of this session."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        user = getattr(request, "user", None)
+        if enabled() and user is not None and user.is_authenticated:
+            if recheck_user(user) == "ended":
+                auth.logout(request)
+        return self.get_response(request)
 
 
 def recheck_session(user, session_key: str | None) -> str:

@@ -27,6 +27,7 @@ from ninja.security.base import AuthBase
 from ninja.utils import check_csrf
 from pydantic import Field
 
+from dashboard import sso
 from delegation import roles
 from delegation.errors import PermissionRefused, RpcError, http_status
 from delegation.services import operator, tokens
@@ -295,6 +296,8 @@ class BearerToken(AuthBase):
         user = tokens.authenticate_api_token(token.strip())
         if user is None:
             raise ApiError(401, "unauthenticated", "API token is unknown or revoked")
+        # A token acts with its user's role: for a provider's user, as its groups say now.
+        sso.recheck_user(user)
         request.user = user
         return _require_viewer(user)
 

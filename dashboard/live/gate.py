@@ -148,6 +148,8 @@ def recheck(user_pk: int, session_key: str | None, token: str) -> int | None:
         user = tokens.active_api_token_user(token)
         if user is None or user.pk != user_pk:
             return CLOSE_UNAUTHORIZED
+        if user.is_active:
+            sso.recheck_user(user)  # a provider's user: the role its groups give now
     else:
         user = _session_user(session_key)
         if user is None or user.pk != user_pk:

@@ -17,10 +17,16 @@ class SsoIdentity(models.Model):
     )
     issuer = models.CharField(max_length=512)
     subject = models.CharField(max_length=255)
-    # The role the provider's groups gave at the last sign-in or live re-check.
+    # The role the provider's groups gave at the last sign-in or re-check.
     role = models.CharField(max_length=16, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # When the provider's claims were last read: a session, an API token or a live socket of
+    # this user older than OIDC_RECHECK_SECONDS asks the provider again (issue 35).
     last_seen_at = models.DateTimeField(default=timezone.now)
+    # The provider's tokens from the latest sign-in, to ask it again without a browser (an
+    # API token's requests): userinfo with the access token, else one refresh.
+    access_token = models.TextField(blank=True, default="")
+    refresh_token = models.TextField(blank=True, default="")
 
     class Meta:
         constraints = [

@@ -150,3 +150,16 @@ def do_sso_recheck(*, user, claims: dict | None) -> str | None:
         identity.last_seen_at = timezone.now()
         identity.save(update_fields=["role", "last_seen_at"])
     return role
+
+
+def identity_of(user) -> SsoIdentity | None:
+    """The user's link to the provider, if they sign in through it."""
+    return SsoIdentity.objects.filter(user=user).first()
+
+
+def keep_provider_tokens(*, user, access_token: str, refresh_token: str) -> None:
+    """The provider's tokens of the user's latest sign-in (or refresh): what a re-check
+    without a browser asks the provider with."""
+    SsoIdentity.objects.filter(user=user).update(
+        access_token=access_token or "", refresh_token=refresh_token or ""
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -19,13 +20,14 @@ from websockets.asyncio.client import connect
 from delegation import roles
 from delegation.models import AuditEntry, SsoIdentity
 from delegation.protocol import CLOSE_FORBIDDEN
+from delegation.services import tokens
 from tests.support.browser import needs_chromium
 from tests.support.personas import api_token, make_person
 from tests.support.sso import sign_in_with_provider
 
 pytestmark = [needs_chromium, pytest.mark.django_db(transaction=True)]
 
-# The live socket re-checks every half second here (the defaults: 10 s heartbeats, 300 s
+# The live socket re-checks every half second here (the defaults: 10 s heartbeats, 900 s
 # between the provider's re-checks), and password sign-in is off as an organisation sets it.
 SSO_ENV = {
     "LIVE_HEARTBEAT_SECONDS": "0.5",
@@ -149,3 +151,29 @@ def test_it_keeps_api_tokens_working(sso_stack):
         f"{sso_stack.url}/api/runs", headers={"Authorization": f"Bearer {token}"}, timeout=10
     )
     assert answer.status_code == 200
+
+
+def test_it_takes_the_role_from_pages_and_api_tokens_once_the_group_is_removed(sso_stack, browser):
+    """Issue 35: a user removed from the provider's group kept the role on pages, REST and
+    API tokens (only the live socket re-checked)."""
+    sso_stack.set_groups("dave", ["canopy-ops"])
+    page = browser()
+    sign_in_with_provider(page, sso_stack, "dave")
+    identity = SsoIdentity.objects.select_related("user").get(subject="dave")
+    assert identity.access_token  # kept from the sign-in, to ask the provider again
+    _api, token = tokens.create_api_token(identity.user, "dave's script")
+    runs = f"{sso_stack.url}/api/runs"
+    auth = {"Authorization": f"Bearer {token}"}
+    assert requests.get(runs, headers=auth, timeout=10).status_code == 200
+    assert _signed_in(page, sso_stack)
+    sso_stack.set_groups("dave", ["marketing"])
+    time.sleep(0.7)  # past OIDC_RECHECK_SECONDS
+    answer = requests.get(runs, headers=auth, timeout=10)
+    assert answer.status_code == 403, answer.text
+    assert _role("dave") is None
+    assert not _signed_in(page, sso_stack)  # the page session is signed out
+    # Back in the group: the token acts again, as the provider says.
+    sso_stack.set_groups("dave", ["canopy-viewers"])
+    time.sleep(0.7)
+    assert requests.get(runs, headers=auth, timeout=10).status_code == 200
+    assert _role("dave") == "viewer"
