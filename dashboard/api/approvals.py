@@ -80,7 +80,10 @@ def get_approval(request, approvalId: str):  # noqa: N803
     description="Needs the operator role (audited). `allow` (optionally with `updatedInput`, "
     "the input as edited) or `deny` (optionally with a `message` the agent is shown); "
     "`scope` `always` also adds an allow rule to the run's policy, or with `scopeRun` "
-    "`root` to its tree root's. A second decision changes nothing: 409 naming the first.",
+    "`root` to its tree root's. A second decision changes nothing: 409 naming the first. "
+    "An approval with `canEdit: false` came through a door that cannot run an edited input "
+    "(an ACP agent answers with an option id only): `updatedInput` on it is 409 "
+    "`edit_not_supported_by_door`, and nothing is decided.",
 )
 @strict_query(NoParams)
 def decide(request, approvalId: str, body: DecisionBody):  # noqa: N803
@@ -97,6 +100,8 @@ def decide(request, approvalId: str, body: DecisionBody):  # noqa: N803
         )
     except approvals.AlreadyDecided as exc:
         raise ApiError(409, "conflict", str(exc)) from None
+    except approvals.EditNotSupported as exc:
+        raise ApiError(409, exc.code, str(exc)) from None
     return reads.approval_wire(reads.approval_state(approval.pk))
 
 

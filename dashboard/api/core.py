@@ -82,6 +82,7 @@ the envelope also carries `rpcCode`.
 | 404 | `not_found` | no such run, session, runner or lease (also −32003, −32004) |
 | 405 | `method_not_allowed` | wrong HTTP method for the path |
 | 409 | `conflict` | −32013 requestId reused with a different message, −32011 admission caps (e.g. the 129th steer receipt of a child), −32010, −32012, −32014, −32015, −32016, −32017 budget exhausted |
+| 409 | `edit_not_supported_by_door` | an allow with `updatedInput` for an approval whose door cannot run an edited input (`canEdit: false`: an ACP agent answers with an option id only) |
 | 422 | `invalid` | a body field, query or path parameter broke a rule: unknown field, `null`, wrong type, out of range, bad cursor (also −32602) |
 | 429 | `too_many_requests` | more NDJSON exports at once than `EXPORT_MAX_CONCURRENT_PER_USER` |
 | 500 | `internal_error` | a bug; nothing is leaked |

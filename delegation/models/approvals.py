@@ -17,7 +17,9 @@ class Approval(models.Model):
 
     ``via`` is the door it came by: ``runner`` (``approval.request``; the decision goes back
     as an ``approval.decided`` command) or ``mcp`` (the ``approve`` tool; the waiting call
-    answers the agent itself).
+    answers the agent itself). ``can_edit`` says whether that door can run an operator's
+    edited input: an ACP agent answers a permission request with an option id only, so its
+    runner asks with ``canEdit: false`` and such an approval is allowed or denied as asked.
     """
 
     approval_id = models.CharField(max_length=64, unique=True)
@@ -25,6 +27,7 @@ class Approval(models.Model):
     # The tree's top, denormalised so "every pending approval of this tree" is one index.
     root = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+")
     via = models.CharField(max_length=16)
+    can_edit = models.BooleanField(default=True)
     tool_call_id = models.CharField(max_length=255, blank=True)
     tool_name = models.CharField(max_length=255)
     kind = models.CharField(max_length=16, blank=True)

@@ -130,7 +130,13 @@ class RunContext:
     # -- approvals (SPEC §11), on behalf of this run --------------------------------------
 
     async def ask_approval(
-        self, tool_call_id: str, tool_name: str, input: Any, kind: str = "", title: str = ""
+        self,
+        tool_call_id: str,
+        tool_name: str,
+        input: Any,
+        kind: str = "",
+        title: str = "",
+        can_edit: bool = True,
     ) -> dict:
         """Ask Canopy whether a tool use may run: ``{decision, message?, updatedInput?}``.
 
@@ -144,6 +150,10 @@ class RunContext:
             params["kind"] = kind
         if title:
             params["title"] = title[:1024]
+        if not can_edit:
+            # An engine that cannot run an edited input says so; absent, the server offers
+            # the operator an edit (SPEC §11 as written).
+            params["canEdit"] = False
         answer = await self.client.call("approval.request", params)
         if answer.get("status") == "decided":
             return answer

@@ -20,6 +20,8 @@ def approval_wire(approval: Approval) -> dict:
         "profile": approval.run.profile,
         "runner": approval.run.runner.name,
         "via": approval.via,
+        # Whether the door runs an operator's edit: the inbox offers "edit, then allow" only then.
+        "canEdit": approval.can_edit,
         "toolCallId": approval.tool_call_id,
         "toolName": approval.tool_name,
         "kind": approval.kind,

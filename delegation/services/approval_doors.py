@@ -23,6 +23,7 @@ def request_approval(conn: Connection, params: ApprovalRequestParams) -> dict:
         tool_call_id=params.tool_call_id,
         kind=params.kind or "",
         title=params.title or "",
+        can_edit=params.can_edit is not False,
     )
     approval = approvals.do_request_approval(
         run=run, use=use, via=approvals.VIA_RUNNER, actor_label=f"runner:{runner.name}"

@@ -47,6 +47,36 @@ class AlreadyDecided(Exception):
         super().__init__(f"approval {approval.approval_id} was already decided: {first}")
 
 
+class EditNotSupported(Exception):
+    """An edited input for an approval whose door cannot run one: the doors answer 409
+    ``edit_not_supported_by_door``, and nothing is decided."""
+
+    code = "edit_not_supported_by_door"
+
+    def __init__(self, approval: Approval):
+        self.approval = approval
+        super().__init__(
+            f"updatedInput: approval {approval.approval_id} came through {door_name(approval)}, "
+            "which cannot run an edited input (an ACP agent answers a permission request with "
+            "an option id only); allow or deny the input as asked"
+        )
+
+
+def door_name(approval: Approval) -> str:
+    """The door an approval came through, as a person reads it."""
+    if approval.via == VIA_MCP:
+        return "the MCP approve tool"
+    if not approval.can_edit:
+        return "the runner's ACP door (approval.request with canEdit false)"
+    return "the runner's approval.request"
+
+
+def check_edit(approval: Approval, updated_input) -> None:
+    """An edit is offered only where the door runs it, so the record holds what ran."""
+    if updated_input is not None and not approval.can_edit:
+        raise EditNotSupported(approval)
+
+
 @dataclass(frozen=True)
 class ToolUse:
     """What an agent asks to do."""
@@ -56,6 +86,8 @@ class ToolUse:
     tool_call_id: str = ""
     kind: str = ""
     title: str = ""
+    # False where the door cannot run an edited input (an ACP agent takes an option id only).
+    can_edit: bool = True
 
 
 # --- Requests ----------------------------------------------------------------------------
@@ -110,6 +142,7 @@ def do_request_approval(*, run: Run, use: ToolUse, via: str, actor_label: str) -
             run=run,
             root_id=run.root_id or run.pk,
             via=via,
+            can_edit=use.can_edit,
             tool_call_id=use.tool_call_id,
             tool_name=use.tool_name,
             kind=use.kind,
@@ -233,6 +266,8 @@ def do_decide_approval(
         raise RpcError(INVALID_PARAMS, "updatedInput: only an allow may edit the input")
     if decision == "deny" and scope == "always":
         raise RpcError(INVALID_PARAMS, "scope: 'always' adds an allow rule; a deny is once")
+    # Before the locks: a door's capability is fixed when the approval is stored.
+    check_edit(approval, updated_input)
     with transaction.atomic():
         root_pk = approval.root_id
         rule_run = None

@@ -65,6 +65,10 @@ class ApprovalRequestParams(Strict):
     input: Any
     kind: Literal[ACP_KINDS] = Field(default=None)  # type: ignore[valid-type]
     title: str = Field(default=None, max_length=1024)
+    # Beyond SPEC §11 (docs/explanation/spec-deviations.md): whether the asking door can run
+    # an operator's edited input. Absent means it can (what every SPEC-only runner gets); the
+    # acp engine sends false, since an ACP agent takes an option id and nothing else.
+    can_edit: bool = Field(default=None, alias="canEdit")
 
 
 class _Decision(Strict):

@@ -1,6 +1,8 @@
 """The acp engine asks Canopy (SPEC §11): the real ``claude-code-acp`` adapter, offline,
 wants to run a Bash command that writes a file; its ``session/request_permission`` becomes an
-approval pending in REST, and the operator's decision reaches the agent as the right option."""
+approval pending in REST, and the operator's decision reaches the agent as the right option.
+An ACP agent takes an option id only, so its approvals offer no edit: an edited allow is 409
+and what runs is the input as asked, which is what the record shows (issue 35)."""
 
 from __future__ import annotations
 
@@ -46,6 +48,17 @@ async def _pending(http, claude_done) -> dict:
     raise AssertionError("no pending approval")
 
 
+async def _wait_done(c, ext, gen, child):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 90
+    while True:
+        result = await c.child_read("root-run", ext, gen, child.child_id, after=10**9)
+        if result.done:
+            return result
+        assert loop.time() < deadline
+        await asyncio.sleep(0.1)
+
+
 async def test_it_answers_an_acp_permission_request_with_the_operators_decision(
     daphne_server, tmp_path, operator_token
 ):
@@ -81,14 +94,7 @@ async def test_it_answers_an_acp_permission_request_with_the_operators_decision(
             assert pending["kind"] == "execute" and not target.exists()
             url = f"/api/approvals/{pending['approvalId']}/decision"
             assert (await http.post(url, json={"decision": "allow"})).status_code == 200
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 90
-            while True:
-                result = await c.child_read("root-run", ext, gen, child.child_id, after=10**9)
-                if result.done:
-                    break
-                assert loop.time() < deadline
-                await asyncio.sleep(0.1)
+            result = await _wait_done(c, ext, gen, child)
             await c.finish("root-run", output="ok")
     assert result.status == "succeeded", result.error
     assert target.exists()
@@ -104,3 +110,49 @@ async def test_it_answers_an_acp_permission_request_with_the_operators_decision(
     assert [k for k, _ in kinds].index("approval-requested") < [k for k, _ in kinds].index(
         "approval-decided"
     )
+
+
+async def test_it_refuses_an_edit_the_acp_agent_cannot_run_and_records_what_ran(
+    daphne_server, tmp_path, operator_token
+):
+    """Before: the edit was stored as approved and claude-agent-acp ran the original."""
+    _runner, token = await sync_to_async(tokens.create_runner)("claude-acp")
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    original = workspace / "ORIGINAL-dangerous.txt"
+    edited = workspace / "edited-safe.txt"
+    auth = {"Authorization": f"Bearer {operator_token}"}
+    with model_stub.ModelStub(_script(original)) as stub:
+        env = claude_cli.offline_env(stub.url, tmp_path / "home", IS_SANDBOX="1")
+        preset = AcpPreset("claude", [claude_cli.acp_bin()], env=env, ask_canopy=True)
+        engine = AcpEngine([preset], str(workspace))
+        host = RunnerHost(
+            daphne_server.ws_url, token, engine, extension_id="claude", client_options=FAST
+        )
+        ext, gen, c = host.extension_id, host.generation, host.client
+        async with (
+            host,
+            httpx.AsyncClient(base_url=daphne_server.http_url, headers=auth, timeout=30) as http,
+        ):
+            await c.open_run("root-conv", "root-run")
+            request = {"requestId": "r1", "profile": "claude", "message": f"touch {original}"}
+            child = await c.child_start("root-run", ext, gen, request)
+            pending = await _pending(http, lambda: False)
+            assert (pending["via"], pending["canEdit"]) == ("runner", False)
+            asked = pending["input"]
+            assert asked["command"] == f"touch {original}"
+            url = f"/api/approvals/{pending['approvalId']}/decision"
+            edit = {**asked, "command": f"touch {edited}"}
+            refused = await http.post(url, json={"decision": "allow", "updatedInput": edit})
+            assert refused.status_code == 409, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "edit_not_supported_by_door" and "ACP" in error["message"]
+            assert not original.exists()  # a refused decision decided nothing
+            assert (await http.post(url, json={"decision": "allow"})).status_code == 200
+            result = await _wait_done(c, ext, gen, child)
+            record = (await http.get(f"/api/approvals/{pending['approvalId']}")).json()
+            await c.finish("root-run", output="ok")
+    assert result.status == "succeeded", result.error
+    # What was decided is what ran, and the record says so.
+    assert original.exists() and not edited.exists()
+    assert (record["decision"], record["updatedInput"], record["input"]) == ("allow", None, asked)

@@ -16,6 +16,10 @@ class ApprovalOut(Schema):
     profile: str
     runner: str
     via: str = Field(description="runner (approval.request) or mcp (the approve tool)")
+    canEdit: bool = Field(
+        description="Whether the door can run an edited input: false for an ACP agent, which "
+        "answers with an option id only (an allow with updatedInput is then 409)"
+    )
     toolCallId: str
     toolName: str
     kind: str = Field(description='The ACP tool kind, "" when the agent gave none')

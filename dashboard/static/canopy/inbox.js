@@ -61,8 +61,11 @@ function card(a, canAct) {
     return node;
   }
   const message = el("input", { type: "text", name: "message", placeholder: "Why (shown to the agent on deny)", maxlength: "10000" });
-  const editor = el("textarea", { name: "updatedInput", rows: "4", hidden: "" });
-  editor.value = JSON.stringify(a.input, null, 2);
+  // "Edit, then allow" only where the door runs the edit (an ACP agent takes an option id
+  // only): the server refuses an edit there anyway, so the card does not offer one.
+  const canEdit = a.canEdit !== false;
+  const editor = canEdit ? el("textarea", { name: "updatedInput", rows: "4", hidden: "" }) : null;
+  if (editor) editor.value = JSON.stringify(a.input, null, 2);
   const status = el("p", { class: "small", role: "status", "data-role": "outcome" });
   const button = (label, action, cls) => el("button", { class: `btn btn-sm ${cls}`, type: "button", "data-action": action, text: label });
   const actions = el(
@@ -71,10 +74,17 @@ function card(a, canAct) {
     button("Allow once", "allow", "btn-primary"),
     button("Allow always (run)", "allow-always", ""),
     button("Allow always (tree)", "allow-always-root", ""),
-    button("Edit, then allow", "edit", ""),
+    canEdit ? button("Edit, then allow", "edit", "") : null,
     button("Deny", "deny", "btn-danger"),
   );
-  node.append(editor, el("div", { class: "approval-decide" }, message, actions), status);
+  const noEdit = canEdit
+    ? null
+    : el("p", {
+        class: "muted small",
+        "data-role": "no-edit",
+        text: "This agent's door (ACP) answers with an option only: allow or deny the input as asked; it cannot run an edit.",
+      });
+  node.append(...[editor, noEdit].filter(Boolean), el("div", { class: "approval-decide" }, message, actions), status);
   node.addEventListener("click", (event) => {
     const action = event.target?.dataset?.action;
     if (action) act(node, a, action);
@@ -86,7 +96,7 @@ async function act(node, a, action) {
   const editor = node.querySelector("[name=updatedInput]");
   const message = node.querySelector("[name=message]").value.trim();
   const body = { decision: action === "deny" ? "deny" : "allow" };
-  if (action === "edit") {
+  if (action === "edit" && editor) {
     if (editor.hidden) {
       editor.hidden = false;
       editor.focus();

@@ -55,6 +55,14 @@ def _dump(value: Any) -> Any:
     return value
 
 
+def _edited(answer: dict, asked: Any) -> bool:
+    """Whether an allow carries an input other than the one asked about."""
+    if "updatedInput" not in answer:
+        return False
+    same = json.dumps(answer["updatedInput"], sort_keys=True, default=str)
+    return same != json.dumps(asked, sort_keys=True, default=str)
+
+
 class Session:
     """One child's ACP client side: session updates in, events out, permissions decided."""
 
@@ -303,6 +311,8 @@ class Session:
             raw,
             kind=kind if kind in APPROVAL_KINDS else "other",
             title=name,
+            # The agent takes an option id and nothing else: an edit could not run here.
+            can_edit=False,
         )
         decision = answer.get("decision")
         if decision == "cancelled":
@@ -310,6 +320,10 @@ class Session:
             return False, "the run is being cancelled"
         message = answer.get("message") or ""
         why = f"Canopy: {decision}" + (f" ({message})" if message else "")
+        if decision == "allow" and _edited(answer, raw):
+            # A server that ignored canEdit: running the original would not be what was
+            # decided, so the tool does not run at all (fail closed).
+            return False, f"{why}, but with an edited input this ACP agent cannot run"
         return decision == "allow", why
 
     # The runner offers the agent no file system and no terminal (it advertises neither),

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("delegation", "0015_preset_approvals"),
+        ("delegation", "0016_approval_can_edit"),
     ]
 
     operations = [
