@@ -35,11 +35,12 @@ def wait_seconds(value: float | None) -> float:
     return float(value)
 
 
-def _runner_of(ctx: Context) -> tuple[int, str]:
+def _caller_of(ctx: Context) -> tuple[int, int, str]:
+    """The caller's run, its runner and the runner token its run token was issued under."""
     from delegation.mcp.calls import authenticate
 
     caller = authenticate(ctx)
-    return caller.runner_pk, caller.runner_token_hash
+    return caller.run_pk, caller.runner_pk, caller.runner_token_hash
 
 
 def _run_pk_of(run_id: str) -> int | None:
@@ -71,8 +72,10 @@ async def wait_until(ctx: Context, run_pk, seconds: float, label: str, read, sat
     channel = await layer.new_channel() if layer is not None else None
     run_pks = run_pk if isinstance(run_pk, list | tuple) else [run_pk]
     groups = [notify.run_group(pk) for pk in run_pks]
-    runner_pk, token_hash = await database_sync_to_async(_runner_of)(ctx)
-    groups.append(notify.credentials_group(runner_pk))
+    # The caller's own run too: its run token dies with it (a cancel, a budget stop).
+    own_run, runner_pk, token_hash = await database_sync_to_async(_caller_of)(ctx)
+    groups += [notify.run_group(own_run), notify.credentials_group(runner_pk)]
+    groups = list(dict.fromkeys(groups))
     if channel is not None:
         for group in groups:
             await layer.group_add(group, channel)

@@ -84,3 +84,28 @@ async def test_it_ends_a_delegate_waiting_on_its_child_when_the_token_goes(daphn
             ended = time.monotonic() - gone
     assert _code(result) == -32001, (result.content[0].text, json.dumps(result.structured_content))
     assert ended < 1.0, f"the call ended {ended:.2f} s after the token went"
+
+
+async def test_it_ends_a_wait_on_a_child_when_the_callers_own_run_ends(daphne_server):
+    """The caller's run token dies with its run: a wait on a child hears it at once."""
+    token = await sync_to_async(lambda: tokens.create_runner("finisher")[1])()
+    async with LiveRunner(daphne_server, token) as live:
+        await live.open("finishing-run")
+        issued = await live.run_token("finishing-run")
+        async with mcp_session(issued["url"], issued["token"]) as session:
+            call = asyncio.ensure_future(
+                session.call_tool(
+                    "delegate", {"profile": "worker", "message": "work", "waitSeconds": 30}
+                )
+            )
+            for _ in range(100):
+                if any(m == "child.execute" for m, _ in live.commands):
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)
+            await live.client.finish("finishing-run", output="done early")
+            gone = time.monotonic()
+            result = await asyncio.wait_for(call, 10)
+            ended = time.monotonic() - gone
+    assert _code(result) == -32001, result.content[0].text
+    assert ended < 1.0, f"the call ended {ended:.2f} s after the run ended"
