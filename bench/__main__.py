@@ -15,7 +15,7 @@ import json
 import sys
 import time
 
-from bench import budget_stop, fleet, ingest, memory, push, read, sandbox, traces, tree
+from bench import budget_stop, calibrate, fleet, ingest, memory, push, read, sandbox, traces, tree
 from bench.servers import ROOT
 from bench.table import machine, notes, report, results
 
@@ -73,6 +73,8 @@ DEFAULT_STEPS = [
 def main(argv: list[str]):
     wanted = argv or DEFAULT_STEPS
     results["machine"] = machine()
+    # What this machine can do, first: the figures are compared through it (issue 39).
+    calibrate.calibrate()
     for name in wanted:
         print(f"bench: {name} ...", flush=True)
         started = time.perf_counter()
@@ -81,6 +83,7 @@ def main(argv: list[str]):
         except Exception as exc:  # one broken step must not hide the others' figures
             notes.append(f"{name} failed: {exc}")
         print(f"bench: {name} took {time.perf_counter() - started:.1f}s", flush=True)
+    calibrate.finish()
     report()
     out = ROOT / "bench.json"
     out.write_text(json.dumps(results, indent=2) + "\n")

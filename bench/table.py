@@ -81,7 +81,7 @@ TARGETS = [
 def report():
     print(f"\nmachine: {results['machine']}")
     print(f"{'measure':36} {'value':>14}  target")
-    for key in sorted(k for k in results if k != "machine"):
+    for key in sorted(k for k in results if k not in ("machine", "normalised")):
         target = next(((op, limit) for name, op, limit in TARGETS if name == key), (None, None))
         verdict = ""
         if target[0]:

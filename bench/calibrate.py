@@ -1,0 +1,117 @@
+"""What the machine the bench runs on can do, measured before the figures (issue 39): two runs
+on two machines of one kind are compared through these, not through wall-clock figures alone.
+
+- ``calibration_loop_ms``: a fixed single-core Python loop (the interpreter's speed here);
+- ``calibration_postgres_commit_ms``: one INSERT and COMMIT round trip to PostgreSQL, p50;
+- ``calibration_redis_rtt_ms``: one Redis PING round trip, p50;
+- ``calibration_load_1m`` / ``calibration_steal_pct``: the load average and the share of CPU
+  time the hypervisor took (``/proc/stat`` steal) over the whole bench run, read at its end.
+
+``normalise`` then gives every latency figure (``*_ms``) as a multiple of the round trip it
+stands on — PostgreSQL for ingest, push and fleet figures, the loop for the rest — in
+``bench.json``'s ``normalised``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+from bench.servers import PG_ADMIN_URL
+from bench.table import notes, results
+
+LOOP = 2_000_000
+ROUND_TRIPS = 300
+_start: dict = {}
+
+
+def _loop_ms() -> float:
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        total = 0
+        for i in range(LOOP):
+            total += i * i
+        best = min(best, (time.perf_counter() - started) * 1000)
+    return best
+
+
+def _postgres_commit_ms() -> float:
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN_URL, autocommit=False) as conn:
+        conn.execute("CREATE TEMP TABLE canopy_calibration (n int)")
+        conn.commit()
+        times = []
+        for n in range(ROUND_TRIPS):
+            started = time.perf_counter()
+            conn.execute("INSERT INTO canopy_calibration VALUES (%s)", (n,))
+            conn.commit()
+            times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def _redis_rtt_ms() -> float:
+    import redis
+
+    client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
+    times = []
+    for _ in range(ROUND_TRIPS):
+        started = time.perf_counter()
+        client.ping()
+        times.append((time.perf_counter() - started) * 1000)
+    client.close()
+    return statistics.median(times)
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(total jiffies, steal jiffies) of all CPUs."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields), fields[7] if len(fields) > 7 else 0
+
+
+def calibrate() -> None:
+    """The machine's round trips, measured first; the load and steal clocks start here."""
+    _start["cpu"] = _cpu_times()
+    results["calibration_loop_ms"] = round(_loop_ms(), 1)
+    for key, measure in (
+        ("calibration_postgres_commit_ms", _postgres_commit_ms),
+        ("calibration_redis_rtt_ms", _redis_rtt_ms),
+    ):
+        try:
+            results[key] = round(measure(), 3)
+        except Exception as exc:  # no server here: the figures that need it say so too
+            notes.append(f"calibration: {key} not measured ({exc})")
+
+
+def finish() -> None:
+    """The load and the CPU steal over the run, then every latency figure normalised."""
+    load = Path("/proc/loadavg").read_text().split()
+    results["calibration_load_1m"] = float(load[0])
+    if "cpu" in _start:
+        total0, steal0 = _start["cpu"]
+        total1, steal1 = _cpu_times()
+        if total1 > total0:
+            results["calibration_steal_pct"] = round(100 * (steal1 - steal0) / (total1 - total0), 2)
+    results["normalised"] = normalise(results)
+
+
+ON_POSTGRES = ("ingest", "push", "fleet", "engines", "budget", "operator", "approval")
+
+
+def normalise(figures: dict) -> dict:
+    """Each ``*_ms`` figure as a multiple of its round trip (see the module's docstring)."""
+    pg = figures.get("calibration_postgres_commit_ms")
+    loop = figures.get("calibration_loop_ms")
+    out = {}
+    for key, value in figures.items():
+        if key.startswith("calibration_") or not isinstance(value, int | float):
+            continue
+        if "_ms" not in key:
+            continue
+        base = pg if key.startswith(ON_POSTGRES) and pg else loop
+        if base:
+            unit = "x_postgres_commit" if base is pg else "x_loop"
+            out[key] = {unit: round(value / base, 2)}
+    return out
