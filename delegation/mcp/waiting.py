@@ -55,7 +55,9 @@ async def wait_on_run(ctx: Context, run_id: str, seconds: float, label: str, rea
     return await wait_until(ctx, run_pk, seconds, label, read, satisfied)
 
 
-async def wait_until(ctx: Context, run_pk, seconds: float, label: str, read, satisfied):
+async def wait_until(
+    ctx: Context, run_pk, seconds: float, label: str, read, satisfied, *, caller=None
+):
     """Read, then wait on the run's doorbell and read again until ``satisfied`` or time is up.
 
     ``run_pk`` is one run's pk or a list of them (``await_children`` waits on every awaited
@@ -63,7 +65,8 @@ async def wait_until(ctx: Context, run_pk, seconds: float, label: str, read, sat
     the first read, so no ring is missed between them; and the caller's runner's credentials
     group, so a rotated or revoked token wakes the call at once. ``read`` authenticates the
     caller's run token again each time (``calls.call_service``): the ring is a doorbell, the
-    record says whether the token still holds.
+    record says whether the token still holds. ``caller`` (run pk, runner pk, runner token
+    hash) is the caller's run token's, read from ``ctx`` when not given.
     """
     layer = get_channel_layer()
     loop = asyncio.get_running_loop()
@@ -73,7 +76,9 @@ async def wait_until(ctx: Context, run_pk, seconds: float, label: str, read, sat
     run_pks = run_pk if isinstance(run_pk, list | tuple) else [run_pk]
     groups = [notify.run_group(pk) for pk in run_pks]
     # The caller's own run too: its run token dies with it (a cancel, a budget stop).
-    own_run, runner_pk, token_hash = await database_sync_to_async(_caller_of)(ctx)
+    if caller is None:
+        caller = await database_sync_to_async(_caller_of)(ctx)
+    own_run, runner_pk, token_hash = caller
     groups += [notify.run_group(own_run), notify.credentials_group(runner_pk)]
     groups = list(dict.fromkeys(groups))
     if channel is not None:

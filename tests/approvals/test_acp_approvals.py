@@ -124,7 +124,13 @@ async def test_it_refuses_an_edit_the_acp_agent_cannot_run_and_records_what_ran(
     auth = {"Authorization": f"Bearer {operator_token}"}
     with model_stub.ModelStub(_script(original)) as stub:
         env = claude_cli.offline_env(stub.url, tmp_path / "home", IS_SANDBOX="1")
-        preset = AcpPreset("claude", [claude_cli.acp_bin()], env=env, ask_canopy=True)
+        preset = AcpPreset(
+            "claude",
+            [claude_cli.acp_bin()],
+            env=env,
+            ask_canopy=True,
+            allow_hosts=tuple(claude_cli.allow_model(stub.url)),
+        )
         engine = AcpEngine([preset], str(workspace))
         host = RunnerHost(
             daphne_server.ws_url, token, engine, extension_id="claude", client_options=FAST

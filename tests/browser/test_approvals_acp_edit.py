@@ -41,7 +41,15 @@ def _drive_acp_agent(server, token, workspace, env, shared: dict, stop: threadin
     """The acp engine in its own thread and loop: start a child, wait for it to end."""
 
     async def drive():
-        preset = AcpPreset("claude", [claude_cli.acp_bin()], env=env, ask_canopy=True)
+        # The stub model's address, for the sandbox's egress proxy (SPEC §13).
+        model = env["ANTHROPIC_BASE_URL"]
+        preset = AcpPreset(
+            "claude",
+            [claude_cli.acp_bin()],
+            env=env,
+            ask_canopy=True,
+            allow_hosts=tuple(claude_cli.allow_model(model)),
+        )
         engine = AcpEngine([preset], str(workspace))
         host = RunnerHost(server.ws_url, token, engine, extension_id="claude", client_options=FAST)
         ext, gen, c = host.extension_id, host.generation, host.client

@@ -35,7 +35,9 @@ async def test_it_sends_progress_at_most_every_progress_seconds_while_the_doorbe
             await layer.group_send(notify.run_group(77), {"type": "run.changed"})
 
     ringing = asyncio.ensure_future(ring_often())
-    result = await waiting.wait_until(ctx, 77, 1.2, "child", read, lambda n: False)
+    result = await waiting.wait_until(
+        ctx, 77, 1.2, "child", read, lambda n: False, caller=(76, 5, "runner-token-hash")
+    )
     await ringing
     assert result > 10  # every ring was read ...
     assert 2 <= len(ctx.progress) <= 4, ctx.progress  # ... but progress went out per 0.5 s
