@@ -18,6 +18,7 @@ from delegation.client import AuthenticationFailed, ClientError, Fenced, server_
 from delegation.logfilters import OrdinaryEvents
 from delegation.runner.command import CommandEngine
 from delegation.runner.host import RunnerHost
+from delegation.runner.kodelet.engine import host_extensions
 from delegation.runner.presets import load_config
 from delegation.runner.scripted import ScriptedConfig, ScriptedEngine
 
@@ -226,7 +227,7 @@ def build_engine(args):
             raise SystemExit("runner: --engine command needs --config presets.json")
         config = load_config(args.config)
         engine = CommandEngine.from_config(config, workspace=args.workspace)
-        return engine, engine.workspace, config.get("extensionId")
+        return host_extensions(engine), engine.workspace, config.get("extensionId")
     if args.engine == "acp":
         if not args.config:
             raise SystemExit("runner: --engine acp needs --config presets.json")
@@ -235,7 +236,7 @@ def build_engine(args):
 
         config = load_config(args.config)
         engine = AcpEngine.from_config(config, workspace=args.workspace)
-        return engine, engine.workspace, config.get("extensionId")
+        return host_extensions(engine), engine.workspace, config.get("extensionId")
     max_depth = args.max_depth
     if max_depth is None:
         max_depth = depthlib.parse(os.environ.get("DELEGATION_MAX_DEPTH", "3")) or 3

@@ -25,6 +25,7 @@ from typing import Any
 from delegation import errors as codes
 from delegation.client import Preset, RpcError
 from delegation.runner.egress import Grant, check_allow_hosts, split_host_port
+from delegation.runner.kodelet.spec import ExtensionSpec, check_extensions
 from delegation.runner.sandbox import start_mask_thread, unsandboxed_warning
 
 log = logging.getLogger("canopy.runner")
@@ -51,6 +52,7 @@ COMMON_FIELDS = frozenset(
         "network",
         "allowHosts",
         "approvals",
+        "extensions",
     }
 )
 
@@ -72,6 +74,8 @@ class AgentPreset:
     # SPEC §11: the approval policy {rules, default} every run of this preset starts with
     # (sent when the runner registers; the server applies the strictest along the chain).
     approvals: Mapping[str, Any] | None = None
+    # SPEC §15: the kodelet extensions each run of this preset hosts (runner/kodelet/).
+    extensions: tuple[ExtensionSpec, ...] = ()
 
     def __post_init__(self):
         if self.sandbox == "none":
@@ -153,6 +157,7 @@ def check_fields(raw: Mapping[str, Any], *, label: str, extra: Iterable[str] = (
         "user": user,
         "network": network,
         "allow_hosts": allow_hosts,
+        "extensions": check_extensions(raw.get("extensions"), label=label),
     }
 
 
