@@ -9,6 +9,9 @@ from pydantic import Field, field_validator
 from delegation.wire.schemas import Strict, ValidId
 
 ACP_KINDS = ("read", "edit", "delete", "move", "search", "execute", "think", "fetch", "other")
+# SPEC §15: a hosted kodelet extension's ui.confirm/select/input asks the operator a question.
+# Not a kind a rule matches (a policy decides tool uses, not answers).
+REQUEST_KINDS = (*ACP_KINDS, "question")
 MAX_RULES = 256
 MAX_GLOB_CHARS = 4096
 MAX_MESSAGE_CHARS = 10_000
@@ -63,7 +66,7 @@ class ApprovalRequestParams(Strict):
     tool_call_id: ValidId = Field(alias="toolCallId")
     tool_name: str = Field(alias="toolName", min_length=1, max_length=255)
     input: Any
-    kind: Literal[ACP_KINDS] = Field(default=None)  # type: ignore[valid-type]
+    kind: Literal[REQUEST_KINDS] = Field(default=None)  # type: ignore[valid-type]
     title: str = Field(default=None, max_length=1024)
     # Beyond SPEC §11 (docs/explanation/spec-deviations.md): whether the asking door can run
     # an operator's edited input. Absent means it can (what every SPEC-only runner gets); the

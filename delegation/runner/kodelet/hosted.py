@@ -242,6 +242,8 @@ class HostedExtension:
                 },
             )
         except PeerError as exc:
+            if exc.code == 0:
+                self.ready.clear()  # it died: calls say so until _keep_alive restarted it
             message = f"{name} failed: {exc.message}"
             return {"content": message, "error": message}
 

@@ -1,0 +1,81 @@
+"""The host methods kodelet-subagent does not use, through an extension written with
+kodelet's SDK: ``kodelet.ui.confirm`` is one question an operator answers in the inbox (REST
+here), ``kodelet.tool.update`` and ``kodelet.ui.notify`` are events of the run, and an
+extension that dies is started again while its tools say so (SPEC §15)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import httpx
+import pytest
+from asgiref.sync import sync_to_async
+
+from delegation.models import Event
+from delegation.runner.host import RunnerHost
+from delegation.runner.kodelet.engine import ExtensionHosting
+from delegation.runner.kodelet.spec import ExtensionSpec
+from delegation.services import tokens
+from tests.runner.kodelet.tool_script import ToolScriptEngine
+from tests.support.paths import AGENTS
+from tests.support.runners import FAST
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_declared_level", "close_worker_connections"),
+]
+
+PROBE = ExtensionSpec((sys.executable, str(AGENTS / "kodelet_probe.py")))
+
+
+async def test_it_maps_confirm_update_notify_and_restarts_a_dead_extension(
+    daphne_server, operator_token
+):
+    inner = ToolScriptEngine()
+    engine = ExtensionHosting(inner, {"boss": (PROBE,)})
+    script = [
+        {"tool": "ask", "input": {"question": "Ship the release?"}},
+        {"tool": "pid"},
+        {"tool": "die"},
+        {"tool": "pid"},
+        {"sleep": 3},
+        {"tool": "pid"},
+    ]
+    _runner, token = await sync_to_async(tokens.create_runner)("kodelet-probe")
+    auth = {"Authorization": f"Bearer {operator_token}"}
+    async with (
+        RunnerHost(daphne_server.ws_url, token, engine, client_options=FAST) as host,
+        httpx.AsyncClient(base_url=daphne_server.http_url, headers=auth, timeout=30) as http,
+    ):
+        root = await host.open_root(json.dumps(script), profile="boss")
+        for _ in range(300):
+            items = (await http.get("/api/approvals", params={"status": "pending"})).json()["items"]
+            if items:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("no question in the inbox")
+        question = items[0]
+        assert question["runId"] == root.run_id and question["kind"] == "question"
+        assert question["title"] == "Ship the release?"
+        url = f"/api/approvals/{question['approvalId']}/decision"
+        assert (await http.post(url, json={"decision": "allow"})).status_code == 200
+        await host.wait(root.run_id, timeout=60)
+    results = [r["result"] for r in inner.results[root.run_id]]
+    assert results[0]["content"] == "confirmed=True", results[0]
+    first_pid = results[1]["content"]
+    assert results[2].get("error")  # it died answering
+    assert "restarting" in results[3]["error"], results[3]
+    assert results[4]["content"].isdigit() and results[4]["content"] != first_pid, results[4]
+    events = await sync_to_async(
+        lambda: list(
+            Event.objects.filter(run__run_id=root.run_id).values_list(
+                "kind", "text", "tool_call_id"
+            )
+        )
+    )()
+    assert ("tool-update", "thinking about it", "call-0") in events, events
+    assert ("notify", "asking the operator", None) in events, events
+    assert any(k == "notify" and "restarting" in (t or "") for k, t, _ in events), events

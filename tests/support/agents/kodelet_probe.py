@@ -1,0 +1,41 @@
+"""A kodelet extension written with kodelet's own SDK (kodelet-sdk from PyPI) that uses the
+host methods kodelet-subagent does not: a tool update, a notification, a confirmation; and
+one that dies, so its host's restart shows. Run as ``python kodelet_probe.py``."""
+
+from __future__ import annotations
+
+import os
+
+from kodelet_sdk import BaseModel, Extension, ToolContext
+
+ext = Extension(name="probe", version="1.0")
+
+
+class AskInput(BaseModel):
+    question: str
+
+
+class NoInput(BaseModel):
+    pass
+
+
+@ext.tool("ask", description="Ask the operator a yes/no question", input_schema=AskInput)
+async def ask(input: AskInput, ctx: ToolContext) -> str:
+    await ctx.update("thinking about it")
+    await ctx.ui.notify("asking the operator")
+    confirmed = await ctx.ui.confirm({"title": input.question, "message": "Say yes or no"})
+    return f"confirmed={confirmed}"
+
+
+@ext.tool("pid", description="This process's id", input_schema=NoInput)
+async def pid(_input: NoInput, _ctx: ToolContext) -> str:
+    return str(os.getpid())
+
+
+@ext.tool("die", description="Exit at once", input_schema=NoInput)
+async def die(_input: NoInput, _ctx: ToolContext) -> str:
+    os._exit(3)
+
+
+if __name__ == "__main__":
+    ext.run_sync()
