@@ -22,6 +22,7 @@ from pydantic import ConfigDict, create_model
 
 from delegation.errors import METHOD_NOT_FOUND, RpcError
 from delegation.mcp.calls import refused
+from delegation.mcp.extension_tools import call_hosted, hosted_tools
 from delegation.wire.decode import parse_model, refuse_nul
 
 PREFIX = "arguments"
@@ -82,11 +83,23 @@ class StrictMCPServer(MCPServer):
             tool.fn_metadata.arg_model = model
             tool.parameters = published_schema(model)
 
+    async def _handle_list_tools(self, ctx, params):
+        # SPEC §15: the tools of the caller's run's hosted kodelet extensions come after ours.
+        listed = await super()._handle_list_tools(ctx, params)
+        ours = {tool.name for tool in listed.tools}
+        hosted = await hosted_tools(Context(request_context=ctx, mcp_server=self))
+        listed.tools.extend(tool for tool in hosted if tool.name not in ours)
+        return listed
+
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context | None = None
     ) -> Any:
         tool = self._tool_manager.get_tool(name)
         try:
+            if tool is None and context is not None:
+                hosted = await call_hosted(context, name, arguments)
+                if hosted is not None:
+                    return hosted
             if tool is None:
                 raise RpcError(METHOD_NOT_FOUND, f"unknown tool {name!r}")
             if issubclass(tool.fn_metadata.arg_model, StrictArguments):

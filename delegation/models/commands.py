@@ -71,6 +71,9 @@ class Command(models.Model):
         RUN_STEER = "run.steer"
         LEASE_REVOKED = "lease.revoked"
         APPROVAL_DECIDED = "approval.decided"
+        # SPEC §15: a hosted kodelet extension's tool, called through /mcp; answered with
+        # the tool's result (docs/explanation/spec-deviations.md).
+        EXTENSION_TOOL_CALL = "extension.tool.call"
 
     runner = models.ForeignKey(Runner, on_delete=models.CASCADE, related_name="commands")
     method = models.CharField(max_length=32, choices=Method.choices)

@@ -16,11 +16,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from delegation.client import event
 from delegation.runner.host import Outcome, RunContext
 from delegation.runner.kodelet.hosted import HostedExtension
 from delegation.runner.kodelet.spec import ExtensionSpec
 
 log = logging.getLogger("canopy.runner.kodelet")
+
+TOOLS_KIND = "extension-tools"  # read by delegation/mcp/extension_tools.py
+CALL_METHOD = "extension.tool.call"
 
 
 class ToolBox:
@@ -55,6 +59,21 @@ class ToolBox:
         return {"content": message, "error": message}
 
 
+def tools_event(box: ToolBox) -> dict:
+    """The ``extension-tools`` event: what ``/mcp`` lists for the run (SPEC §15)."""
+    tools = [
+        {
+            "name": t["name"],
+            "description": t.get("description", ""),
+            "inputSchema": t.get("inputSchema"),
+        }
+        for t in box.describe()
+    ]
+    return event(
+        TOOLS_KIND, f"hosted tools: {', '.join(t['name'] for t in tools)}", input={"tools": tools}
+    )
+
+
 def extensions_of(ctx: RunContext) -> ToolBox | None:
     return ctx.data.get("kodelet")
 
@@ -67,12 +86,30 @@ class ExtensionHosting:
         self.extensions = {name: specs for name, specs in extensions.items() if specs}
         self.name = inner.name
         self.cancel_grace = inner.cancel_grace + 5  # the extensions stop after the agent
+        self.boxes: dict[str, ToolBox] = {}  # runId -> the tools its extensions host
+        self._served: set[int] = set()  # the clients answering extension.tool.call
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)  # steer, sandboxed, ... as the wrapped engine has
 
     def presets(self):
         return self.inner.presets()
+
+    async def offer(self, ctx: RunContext, box: ToolBox) -> None:
+        """Tell the server the run's hosted tools, and answer its calls of them."""
+        if id(ctx.client) not in self._served:
+            self._served.add(id(ctx.client))
+            ctx.client.on(CALL_METHOD, self._on_call)
+        await ctx.emit(tools_event(box))
+
+    async def _on_call(self, params: dict, client) -> dict:
+        """``extension.tool.call`` (from /mcp): the hosted tool's result is the answer."""
+        box = self.boxes.get(str(params.get("runId", "")))
+        name = str(params.get("name", ""))
+        if box is None:
+            message = f"run {params.get('runId')!r} hosts no extensions here (ended?)"
+            return {"content": message, "error": message}
+        return await box.call(name, params.get("input") or {}, str(params.get("toolCallId", "")))
 
     def check(self, command, host) -> None:
         self.inner.check(command, host)
@@ -89,9 +126,11 @@ class ExtensionHosting:
                 ext = HostedExtension(spec, ctx, workdir / str(index), index)
                 hosted.append(ext)
                 await ext.start()
-            ctx.data["kodelet"] = ToolBox(hosted)
+            box = ctx.data["kodelet"] = self.boxes[ctx.run_id] = ToolBox(hosted)
+            await self.offer(ctx, box)
             return await self.inner.run(ctx)
         finally:
+            self.boxes.pop(ctx.run_id, None)
             for ext in reversed(hosted):
                 with contextlib.suppress(Exception):
                     await ext.stop()
