@@ -123,7 +123,8 @@ class ExtensionHosting:
         hosted: list[HostedExtension] = []
         try:
             for index, spec in enumerate(specs):
-                ext = HostedExtension(spec, ctx, workdir / str(index), index)
+                cwd = getattr(self.inner, "workspace", None)
+                ext = HostedExtension(spec, ctx, workdir / str(index), index, cwd)
                 hosted.append(ext)
                 await ext.start()
             box = ctx.data["kodelet"] = self.boxes[ctx.run_id] = ToolBox(hosted)

@@ -26,6 +26,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import delegation
 from delegation.client import event
 from delegation.runner.kodelet.bridge import Bridge
 from delegation.runner.kodelet.framing import HostMethodError, Peer, PeerError
@@ -49,22 +50,36 @@ INIT_TIMEOUT = 30.0
 
 
 def kodelet_wrapper(bin_dir: Path) -> Path:
-    """``bin_dir/kodelet``: Canopy's ``kodelet`` with this runner's interpreter, so it works
-    whether or not the project's console scripts are installed."""
+    """``bin_dir/kodelet``: Canopy's ``kodelet`` on this runner's interpreter and this
+    runner's own ``delegation`` package, wherever the extension runs it from, whether or
+    not the project's console scripts are installed."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     path = bin_dir / "kodelet"
+    root = shlex.quote(str(Path(delegation.__file__).resolve().parent.parent))
     path.write_text(
-        f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m delegation.runner.kodelet.acp "$@"\n'
+        "#!/bin/sh\n"
+        f"PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}} exec {shlex.quote(sys.executable)} "
+        '-m delegation.runner.kodelet.acp "$@"\n'
     )
     path.chmod(0o700)
     return path
 
 
 class HostedExtension:
-    def __init__(self, spec: ExtensionSpec, ctx: RunContext, workdir: Path, index: int = 0):
+    def __init__(
+        self,
+        spec: ExtensionSpec,
+        ctx: RunContext,
+        workdir: Path,
+        index: int = 0,
+        cwd: str | None = None,
+    ):
         self.spec = spec
         self.ctx = ctx
         self.workdir = workdir
+        # The run's directory (else the engine's workspace): the extension's agents start
+        # there, and a child's cwd must be inside the workspace.
+        self.cwd = ctx.cwd or cwd or os.getcwd()
         self.extension_id = f"{spec.extension_id}-{index}" if index else spec.extension_id
         self.leases = LeaseBook(ctx)
         self.bridge = Bridge(
@@ -107,7 +122,7 @@ class HostedExtension:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            cwd=self.ctx.cwd or None,
+            cwd=self.cwd,
             env=self.env(),
             start_new_session=True,
         )
@@ -138,7 +153,7 @@ class HostedExtension:
             "kodelet": {"version": KODELET_VERSION},
             "extension": {
                 "id": self.extension_id,
-                "cwd": self.ctx.cwd or os.getcwd(),
+                "cwd": self.cwd,
                 "dataDir": str(self.workdir / "data"),
                 "runnerId": self.ctx.host.extension_id,
                 "config": dict(self.spec.config),
@@ -155,7 +170,7 @@ class HostedExtension:
         return {
             "sessionId": self.ctx.run_id,
             "conversationId": self.ctx.conversation_id,
-            "cwd": self.ctx.cwd or os.getcwd(),
+            "cwd": self.cwd,
             # kodelet-subagent starts its fresh agents on the caller's profile: the preset's
             # childProfile when it names one.
             "profile": self.spec.child_profile or self.ctx.profile,
