@@ -179,3 +179,35 @@ async def test_it_refuses_a_spawn_past_the_depth_cap_and_the_extension_reports_i
         record = await tree(root.run_id)
     assert record["children"] == []
     assert any(e["kind"] == "delegation-refused" for e in record["events"][root.run_id])
+
+
+async def test_it_stops_the_agents_and_releases_their_leases_when_the_hosting_run_ends(
+    daphne_factory,
+):
+    server = daphne_factory()
+    inner, engine = hosting()
+    script = [
+        {
+            "tool": "spawn_agent",
+            "input": {
+                "name": "left",
+                "task": "Run on" + plan("l", long=True),
+                "context_mode": "fresh",
+            },
+        },
+        {"until": "left", "status": "running"},
+    ]
+    token = await new_token("kodelet-end")
+    async with RunnerHost(server.ws_url, token, engine, client_options=FAST) as host:
+        root = await host.open_root(json.dumps(script), profile="boss")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await host.wait(root.run_id, timeout=60)
+        took = loop.time() - started
+        record = await tree(root.run_id)
+    assert took < 20, f"the hosting run took {took:.1f}s to end"
+    [child] = record["children"]
+    await sync_to_async(child.refresh_from_db)()
+    assert child.cancelled and child.depth == 1
+    assert [lease["state"] for lease in record["leases"]] == ["released"]
+    assert kodelet_processes() == []
