@@ -32,7 +32,8 @@ import sys
 from typing import Any
 
 SOCKET_ENV = "CANOPY_KODELET_SOCKET"
-POLL_SECONDS = 0.1
+# child.read while a child runs: quick after an event, backing off to a second while quiet.
+POLL_SECONDS, POLL_MAX_SECONDS = 0.1, 1.0
 INIT_META = {
     "steering": {"supported": True},
     "conversationHierarchy": {"version": 1},
@@ -207,7 +208,7 @@ class Agent:
         session_id = str(params.get("sessionId", ""))
         self.cancelled.discard(session_id)
         await ask("prompt", sessionId=session_id, message=text_of(params.get("prompt")))
-        after, answered = 0, False
+        after, answered, pause = 0, False, POLL_SECONDS
         while True:
             page = await ask("read", sessionId=session_id, after=after)
             for event in page["events"]:
@@ -217,8 +218,11 @@ class Agent:
             after = page["lastSequence"]
             if page["done"] and not page["events"]:
                 break
-            if not page["events"]:
-                await asyncio.sleep(POLL_SECONDS)
+            if page["events"]:
+                pause = POLL_SECONDS
+            else:
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, POLL_MAX_SECONDS)
         if page["cancelled"] or session_id in self.cancelled:
             return {"stopReason": "cancelled"}
         if page["error"]:

@@ -30,6 +30,17 @@ pytestmark = [
 PROBE = ExtensionSpec((sys.executable, str(AGENTS / "kodelet_probe.py")))
 
 
+async def pending(http, title: str) -> dict:
+    """The pending question with that title, once it is in the inbox."""
+    for _ in range(300):
+        items = (await http.get("/api/approvals", params={"status": "pending"})).json()["items"]
+        found = [item for item in items if item["title"] == title]
+        if found:
+            return found[0]
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no question {title!r} in the inbox")
+
+
 async def test_it_maps_confirm_update_notify_and_restarts_a_dead_extension(
     daphne_server, operator_token
 ):
@@ -37,6 +48,7 @@ async def test_it_maps_confirm_update_notify_and_restarts_a_dead_extension(
     engine = ExtensionHosting(inner, {"boss": (PROBE,)})
     script = [
         {"tool": "ask", "input": {"question": "Ship the release?"}},
+        {"tool": "pick"},
         {"tool": "pid"},
         {"tool": "die"},
         {"tool": "pid"},
@@ -50,25 +62,23 @@ async def test_it_maps_confirm_update_notify_and_restarts_a_dead_extension(
         httpx.AsyncClient(base_url=daphne_server.http_url, headers=auth, timeout=30) as http,
     ):
         root = await host.open_root(json.dumps(script), profile="boss")
-        for _ in range(300):
-            items = (await http.get("/api/approvals", params={"status": "pending"})).json()["items"]
-            if items:
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise AssertionError("no question in the inbox")
-        question = items[0]
+        question = await pending(http, "Ship the release?")
         assert question["runId"] == root.run_id and question["kind"] == "question"
-        assert question["title"] == "Ship the release?"
         url = f"/api/approvals/{question['approvalId']}/decision"
         assert (await http.post(url, json={"decision": "allow"})).status_code == 200
+        # select: the operator's answer is the decision's message, one of the options.
+        choice = await pending(http, "Which colour?")
+        url = f"/api/approvals/{choice['approvalId']}/decision"
+        body = {"decision": "allow", "message": "green"}
+        assert (await http.post(url, json=body)).status_code == 200
         await host.wait(root.run_id, timeout=60)
     results = [r["result"] for r in inner.results[root.run_id]]
     assert results[0]["content"] == "confirmed=True", results[0]
-    first_pid = results[1]["content"]
-    assert results[2].get("error")  # it died answering
-    assert "restarting" in results[3]["error"], results[3]
-    assert results[4]["content"].isdigit() and results[4]["content"] != first_pid, results[4]
+    assert results[1]["content"] == "picked=green", results[1]
+    first_pid = results[2]["content"]
+    assert results[3].get("error")  # it died answering
+    assert "restarting" in results[4]["error"], results[4]
+    assert results[5]["content"].isdigit() and results[5]["content"] != first_pid, results[5]
     events = await sync_to_async(
         lambda: list(
             Event.objects.filter(run__run_id=root.run_id).values_list(

@@ -27,6 +27,12 @@ async def ask(input: AskInput, ctx: ToolContext) -> str:
     return f"confirmed={confirmed}"
 
 
+@ext.tool("pick", description="Ask the operator to pick a colour", input_schema=NoInput)
+async def pick(_input: NoInput, ctx: ToolContext) -> str:
+    value = await ctx.ui.select({"title": "Which colour?", "options": ["red", "green"]})
+    return f"picked={value}"
+
+
 @ext.tool("pid", description="This process's id", input_schema=NoInput)
 async def pid(_input: NoInput, _ctx: ToolContext) -> str:
     return str(os.getpid())
