@@ -3,6 +3,7 @@
 // session's CSRF token. Every list on the page marked [data-approvals] is kept current: the
 // live socket's approvals doorbell (on every request, decision or expiry, and on every
 // (re)subscription) triggers a refetch; REST stays the record, so a reconnect catches up.
+import { bindLiveState } from "./common.js";
 import { pageLive } from "./live.js";
 
 // Only a safety net for a doorbell lost with its socket (a test may set it longer).
@@ -41,20 +42,35 @@ function renderInput(input) {
   return pre;
 }
 
+// What the agent said the command does (Claude Code's Bash ``description``), else its title.
+function describe(a) {
+  const said = a.input && typeof a.input.description === "string" ? a.input.description : "";
+  return said || (a.title && a.title !== a.toolName ? a.title : "");
+}
+
 function card(a, canAct) {
+  // Names before ids (issue 38): the run's task heads the card, the tree by its name; the
+  // ids are the small print.
   const head = el(
     "div",
     { class: "approval-head" },
     el("span", { class: "badge mono", "data-field": "toolName", text: a.toolName }),
     a.kind ? el("span", { class: "badge", text: a.kind }) : null,
-    el("a", { class: "mono", href: `/runs/${encodeURIComponent(a.runId)}/`, text: a.runId }),
-    el("span", {
-      class: "muted small",
-      text: ` tree ${a.rootRunId} · depth ${a.depth} · ${a.profile || "—"} on ${a.runner} · ${age(a.requestedAt)}`,
-    }),
+    el("a", { class: "approval-task", "data-field": "task", href: `/runs/${encodeURIComponent(a.runId)}/`, title: a.runId, text: a.task || a.runId }),
   );
-  const node = el("article", { class: "card approval", "data-approval-id": a.approvalId, tabindex: "0" }, head);
-  if (a.title && a.title !== a.toolName) node.append(el("p", { class: "small", text: a.title }));
+  const where = el(
+    "p",
+    { class: "muted small approval-where" },
+    "in ",
+    el("a", { "data-field": "rootTask", href: `/trees/${encodeURIComponent(a.rootRunId)}/`, title: a.rootRunId, text: a.rootTask || a.rootRunId }),
+    ` · depth ${a.depth} · ${a.profile || "—"} on ${a.runner} · asked `,
+    el("time", { "data-iso": a.requestedAt, "data-role": "age", text: age(a.requestedAt) }),
+    " · ",
+    el("span", { class: "mono", text: a.runId }),
+  );
+  const node = el("article", { class: "card approval", "data-approval-id": a.approvalId, tabindex: "0" }, head, where);
+  const said = describe(a);
+  if (said) node.append(el("p", { class: "approval-description", "data-field": "description", text: said }));
   node.append(renderInput(a.input));
   if (!canAct) {
     node.append(el("p", { class: "muted small", text: "Viewers see approvals; operators decide them." }));
@@ -128,6 +144,14 @@ async function act(node, a, action) {
   if (response.ok) {
     outcome.textContent = `${answer.decision} by ${answer.decidedBy}`;
     node.dataset.decided = answer.decision;
+    // What was allowed is what the card shows: the edited input, not the one asked for.
+    if (answer.updatedInput !== null && answer.updatedInput !== undefined) {
+      const shown = renderInput(answer.updatedInput);
+      shown.dataset.edited = "1";
+      node.querySelector("[data-field=input]").replaceWith(shown);
+      if (editor) editor.hidden = true;
+    }
+    leaveSoon(node);
   } else {
     outcome.textContent = `Refused: ${answer.error?.message ?? response.status}`;
     for (const b of node.querySelectorAll("button")) b.disabled = false;
@@ -148,10 +172,12 @@ async function refresh(list) {
   }
   const seen = new Set(page.items.map((a) => a.approvalId));
   for (const node of list.querySelectorAll("[data-approval-id]")) {
-    // A card being edited, being decided or decided here stays (with its outcome) until
-    // the page is left; others that are no longer pending go.
-    const kept = node.dataset.deciding || node.dataset.decided || node.contains(document.activeElement);
-    if (!seen.has(node.dataset.approvalId) && !kept) node.remove();
+    // A card decided here leaves after its outcome showed (leaveSoon); one decided
+    // elsewhere goes now, unless its editor is open with the operator's typing (issue 38:
+    // a merely focused card used to linger).
+    if (seen.has(node.dataset.approvalId) || node.dataset.deciding || node.dataset.decided) continue;
+    const editing = node.querySelector("[name=updatedInput]:not([hidden])");
+    if (!editing) node.remove();
   }
   for (const a of page.items) {
     const existing = list.querySelector(`[data-approval-id="${CSS.escape(a.approvalId)}"]`);
@@ -170,6 +196,21 @@ async function refresh(list) {
     const count = document.querySelector("[data-role=approvals-count]");
     if (count) count.textContent = String(page.items.length);
   }
+}
+
+// A card decided here shows its outcome for a moment, then leaves the list.
+const DECIDED_LINGER_MS = Number(window.canopyDecidedLingerMs) || 4000;
+function leaveSoon(node) {
+  setTimeout(() => {
+    const list = node.closest("[data-approvals]");
+    node.remove();
+    if (list && !list.querySelector("[data-approval-id]")) refreshAll();
+  }, DECIDED_LINGER_MS);
+}
+
+// The cards' ages tick, since a card may wait for minutes.
+function tickAges() {
+  for (const node of document.querySelectorAll("[data-approvals] time[data-iso]")) node.textContent = age(node.dataset.iso);
 }
 
 // Coalesced: at most one refetch in flight and one more queued, however many doorbells ring.
@@ -249,6 +290,9 @@ if (document.querySelector("[data-approvals]")) {
       refreshAll();
     },
   });
+  bindLiveState(live);
   live.start();
   setInterval(refreshAll, SAFETY_POLL_MS);
+  tickAges();
+  setInterval(tickAges, 1000);
 }
