@@ -346,11 +346,11 @@ def _pending_approvals(run: Run) -> list[dict]:
 
 
 _BUDGET_FIELDS = (
-    ("maxRuns", "Descendants ever started", "1"),
-    ("maxLive", "Descendants running at once", "1"),
+    ("maxRuns", "Runs started", "1"),
+    ("maxLive", "Running at once", "1"),
     ("maxTokens", "Tokens (in + out)", "1"),
-    ("maxCostUsd", "Cost in USD", "0.01"),
-    ("maxSeconds", "Seconds since the run started", "1"),
+    ("maxCostUsd", "Cost (USD)", "0.01"),
+    ("maxSeconds", "Seconds running", "1"),
 )
 
 

@@ -131,7 +131,10 @@ function updateReport() {
 }
 if (report) setInterval(updateReport, 1000);
 
-subtree.addEventListener("change", refreshCounts);
+subtree.addEventListener("change", () => {
+  refreshCounts();
+  document.dispatchEvent(new CustomEvent("canopy:subtree-change"));
+});
 live.subscribeTree(runId, {
   onTree: (rows, info) => subtree.load(rows, info),
   onRows: (rows) => subtree.upsert(rows),
