@@ -3,7 +3,7 @@
 from django.conf import settings
 from django.urls import path
 
-from dashboard import alerts_views, inbox, retention, views
+from dashboard import alerts_views, inbox, retention, run_forms, views
 
 urlpatterns = [
     path("api/", ("dashboard.api.urls", "api", "api")),
@@ -15,9 +15,9 @@ urlpatterns = [
     path("trees/<str:run_id>/", views.tree, name="tree"),
     path("runs/<str:run_id>/", views.run_detail, name="run"),
     path("runs/<str:run_id>/cancel/", views.run_cancel, name="run-cancel"),
-    path("runs/<str:run_id>/budget/", views.run_budget, name="run-budget"),
-    path("runs/<str:run_id>/relaunch/", views.run_relaunch, name="run-relaunch"),
-    path("runs/<str:run_id>/compare/", views.run_compare, name="run-compare"),
+    path("runs/<str:run_id>/budget/", run_forms.run_budget, name="run-budget"),
+    path("runs/<str:run_id>/relaunch/", run_forms.run_relaunch, name="run-relaunch"),
+    path("runs/<str:run_id>/compare/", run_forms.run_compare, name="run-compare"),
     path("leases/<int:pk>/release/", views.lease_release, name="lease-release"),
     path("runners/", views.runners, name="runners"),
     path("audit/", views.audit, name="audit"),

@@ -261,10 +261,18 @@ if (policyForm) {
     event.preventDefault();
     const outcome = policyForm.querySelector("[data-role=policy-outcome]");
     let body;
+    const text = policyForm.querySelector("[name=policy]").value.trim();
+    // Issue 38: an empty box is a mistake, not a policy to save ("Policy saved." lied).
+    if (!text || text === "{}") {
+      outcome.textContent = 'The policy is empty: write one, e.g. {"rules": [], "default": "ask"}.';
+      outcome.dataset.ok = "0";
+      return;
+    }
     try {
-      body = JSON.parse(policyForm.querySelector("[name=policy]").value || "{}");
+      body = JSON.parse(text);
     } catch (error) {
       outcome.textContent = `Not JSON: ${error.message}`;
+      outcome.dataset.ok = "0";
       return;
     }
     const response = await fetch(policyForm.dataset.endpoint, {
@@ -275,6 +283,7 @@ if (policyForm) {
     });
     const answer = await response.json();
     outcome.textContent = response.ok ? "Policy saved." : `Refused: ${answer.error?.message ?? response.status}`;
+    outcome.dataset.ok = response.ok ? "1" : "0";
     refreshAll();
   });
 }
