@@ -279,6 +279,22 @@ def run_detail(request, run_id):
     return render(request, "run.html", run_context(request, _run_or_404(run_id)))
 
 
+_IDENTITY = (  # the wire Result's fields, in words (issue 38)
+    ("runId", "run"),
+    ("conversationId", "conversation"),
+    ("runnerId", "runner"),
+    ("hostInstanceId", "host instance"),
+    ("parentRunId", "parent run"),
+    ("parentConversationId", "parent conversation"),
+    ("extensionId", "extension"),
+    ("profile", "profile"),
+    ("depth", "depth"),
+    ("status", "status"),
+    ("done", "done"),
+    ("cancelled", "cancelled"),
+)
+
+
 def run_context(request, run: Run, **extra) -> dict:
     """The run page's context; a form that failed (``dashboard.run_forms``) adds what was
     typed and the error, so the page is shown again around it."""
@@ -294,23 +310,7 @@ def run_context(request, run: Run, **extra) -> dict:
         run=run,
         result=result,
         root=root,
-        identity=[
-            (key, result[key])
-            for key in (
-                "runId",
-                "conversationId",
-                "runnerId",
-                "hostInstanceId",
-                "parentRunId",
-                "parentConversationId",
-                "extensionId",
-                "profile",
-                "depth",
-                "status",
-                "done",
-                "cancelled",
-            )
-        ],
+        identity=[(key, label, result[key]) for key, label in _IDENTITY],
         live_descendants=live,
         links=selectors.relaunch_links(run),
         stop_subtree=live + (0 if run.is_terminal else 1),

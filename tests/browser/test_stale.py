@@ -68,3 +68,23 @@ def test_it_updates_the_run_pages_live_count_after_a_cancel_without_a_reload(
         "#usage-rollup [data-field=runs]:text-is('3 in the subtree, 2 live')", timeout=4000
     )
     page.wait_for_selector("[data-role=live-descendants]:text-is('1')", timeout=4000)
+
+
+def test_it_says_the_result_in_words_and_follows_the_finish(server, runner, browser, operator):
+    runner.open("words-1", message="Sum the invoices")
+    page = browser()
+    sign_in(page, server.http_url, operator.username, PASSWORD)
+    page.goto(f"{server.http_url}/runs/words-1/")
+    summary = page.locator("#result [data-role=result-summary]")
+    assert summary.inner_text() == "Still running."
+    # The wire Result's fields are folded away, labelled in words, not a raw dump.
+    ids = page.locator("#result details.result-ids")
+    assert ids.get_attribute("open") is None
+    assert not page.locator("#identity").is_visible()
+    ids.locator("summary").click()
+    labels = page.locator("#identity dt").all_inner_texts()
+    assert "conversation" in labels and "conversationId" not in labels
+    runner.finish("words-1", output="The invoices sum to 1,204 EUR.")
+    page.wait_for_selector("#result [data-role=result-summary]:text-is('Finished: it succeeded.')")
+    assert page.inner_text("#result [data-field=output]") == "The invoices sum to 1,204 EUR."
+    assert page.inner_text('#identity [data-field="done"]') == "yes"
