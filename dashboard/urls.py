@@ -3,7 +3,7 @@
 from django.conf import settings
 from django.urls import path
 
-from dashboard import alerts_views, inbox, retention, run_forms, views
+from dashboard import alerts_views, inbox, leases_views, retention, run_forms, views
 
 urlpatterns = [
     path("api/", ("dashboard.api.urls", "api", "api")),
@@ -18,6 +18,7 @@ urlpatterns = [
     path("runs/<str:run_id>/budget/", run_forms.run_budget, name="run-budget"),
     path("runs/<str:run_id>/relaunch/", run_forms.run_relaunch, name="run-relaunch"),
     path("runs/<str:run_id>/compare/", run_forms.run_compare, name="run-compare"),
+    path("leases/", leases_views.leases, name="leases"),
     path("leases/<int:pk>/release/", views.lease_release, name="lease-release"),
     path("runners/", views.runners, name="runners"),
     path("audit/", views.audit, name="audit"),
