@@ -90,9 +90,24 @@ def test_it_refuses_nul_in_browser_forms_as_rest_does(server, runner, browser, o
         )
         assert answer.status == 422, (path, answer.status)
         assert "must not contain NUL" in answer.text()
+    # The launch form shows the refusal on the form, with what was typed.
+    page.goto(f"{server.http_url}/launch/")
+    token = page.input_value("form [name=csrfmiddlewaretoken]")
+    answer = page.request.post(
+        f"{server.http_url}/launch/",
+        form={
+            "runner": "runner-b",
+            "preset": "ext/worker",
+            "message": "count\x00words",
+            "csrfmiddlewaretoken": token,
+        },
+    )
+    assert answer.status == 422, answer.status
+    assert "message: must not contain NUL" in answer.text()
     from delegation.models import Run
 
     assert Run.objects.get(run_id="nul-1").cancel_requested_at is None
+    assert Run.objects.count() == 1  # nothing launched
 
 
 def test_it_keeps_the_webhook_form_with_the_error_beside_the_url(server, browser, admin):
