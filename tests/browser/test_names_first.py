@@ -105,3 +105,39 @@ def test_it_shows_inbox_cards_by_name_live_and_leaves_none_stale(
     assert decided.status == 200, decided.text()
     other.wait_for(state="detached", timeout=5000)
     page.wait_for_selector("#approvals [data-role=empty]")
+
+
+NOTIFICATION_STUB = """
+window.__notes = [];
+window.Notification = class {
+  constructor(title, options) { window.__notes.push({ title, body: options.body }); }
+  static permission = "default";
+  static requestPermission() { window.Notification.permission = "granted"; return Promise.resolve("granted"); }
+};
+"""
+
+
+def test_it_counts_approvals_in_the_tab_title_and_notifies_new_ones_once_opted_in(
+    server, runner, browser, operator
+):
+    runner.open("notify-1", message="Tidy the release notes")
+    child = runner.child("notify-1", "req-1", message="Clean the build tree")["runId"]
+    _ask(runner, child, "t-1", "rm -rf build", "Remove the build directory")
+    page = browser()
+    page.add_init_script(NOTIFICATION_STUB)
+    sign_in(page, server.http_url, operator.username, PASSWORD)
+    page.goto(f"{server.http_url}/approvals/")
+    page.wait_for_function("() => document.title.startsWith('(1) Approvals')")
+    page.wait_for_selector("#live-state[data-state=live]")
+    button = page.locator("[data-action=notify]")
+    assert button.inner_text() == "Notify me of new approvals"
+    button.click()
+    page.wait_for_selector("[data-action=notify][data-on='1']")
+    # Pending when the page opened: on screen already, no notification.
+    assert page.evaluate("window.__notes.length") == 0
+    _ask(runner, child, "t-2", "ls build", "List what is left")
+    page.wait_for_function("() => window.__notes.length === 1", timeout=5000)
+    note = page.evaluate("window.__notes[0]")
+    assert note["title"] == "Approval: Bash in Clean the build tree"
+    assert "List what is left" in note["body"] and "$ ls build" in note["body"]
+    page.wait_for_function("() => document.title.startsWith('(2) Approvals')")

@@ -195,8 +195,54 @@ async function refresh(list) {
   if (list.dataset.query === "status=pending") {
     const count = document.querySelector("[data-role=approvals-count]");
     if (count) count.textContent = String(page.items.length);
+    showCount(page.items.length);
+    notifyNew(page.items);
   }
 }
+
+// --- The tab title's count and opt-in desktop notifications (issue 38) ------------------------
+const baseTitle = document.title.replace(/^\(\d+\) /, "");
+function showCount(pending) {
+  document.title = pending ? `(${pending}) ${baseTitle}` : baseTitle;
+}
+
+// Opt-in per user (this browser remembers it), only while a page with the inbox is open.
+const who = document.querySelector(".who .mono")?.textContent?.trim() || "";
+const OPT_IN = `canopy.notify.${who}`;
+const notified = new Set();
+let primed = false;
+function notifyNew(items) {
+  const wanted = localStorage.getItem(OPT_IN) === "1" && "Notification" in window && Notification.permission === "granted";
+  for (const a of items) {
+    if (notified.has(a.approvalId)) continue;
+    notified.add(a.approvalId);
+    // What was pending when the page opened is on screen already: only newcomers ring.
+    if (!primed || !wanted) continue;
+    const said = describe(a);
+    const what = a.input && typeof a.input.command === "string" ? `$ ${a.input.command}` : a.toolName;
+    const note = new Notification(`Approval: ${a.toolName} in ${a.task || a.runId}`, { body: said ? `${said}\n${what}` : what, tag: a.approvalId });
+    note.onclick = () => { window.focus(); location.href = "/approvals/"; };
+  }
+  primed = true;
+}
+
+const notifyButton = document.querySelector("[data-action=notify]");
+function showOptIn() {
+  if (!notifyButton) return;
+  const on = localStorage.getItem(OPT_IN) === "1" && "Notification" in window && Notification.permission === "granted";
+  notifyButton.textContent = on ? "Notifications on" : "Notify me of new approvals";
+  notifyButton.dataset.on = on ? "1" : "0";
+  notifyButton.hidden = !("Notification" in window);
+}
+notifyButton?.addEventListener("click", async () => {
+  if (localStorage.getItem(OPT_IN) === "1" && Notification.permission === "granted") {
+    localStorage.removeItem(OPT_IN);
+  } else if ((await Notification.requestPermission()) === "granted") {
+    localStorage.setItem(OPT_IN, "1");
+  }
+  showOptIn();
+});
+showOptIn();
 
 // A card decided here shows its outcome for a moment, then leaves the list.
 const DECIDED_LINGER_MS = Number(window.canopyDecidedLingerMs) || 4000;
@@ -296,6 +342,7 @@ if (document.querySelector("[data-approvals]")) {
     onApprovals(pending) {
       const count = document.querySelector("[data-role=approvals-count]");
       if (count) count.textContent = String(pending);
+      showCount(pending);
       refreshAll();
     },
   });
