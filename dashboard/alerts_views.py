@@ -86,3 +86,41 @@ def webhook_test(request, pk: int):
         request, f"Test delivery {delivery.delivery_id} stored; it is sent within a sweep."
     )
     return redirect("alerts")
+
+
+def _hook_or_refuse(request, pk: int):
+    hook = Webhook.objects.filter(pk=pk).first()
+    return hook, (None if hook is not None else _refuse(request, f"No webhook {pk}.", status=404))
+
+
+@require_POST
+@viewer_required
+def webhook_active(request, pk: int):
+    """Turn a webhook off (nothing is sent to it) or on again (issue 38)."""
+    hook, missing = _hook_or_refuse(request, pk)
+    if missing:
+        return missing
+    active = request.POST.get("active") == "1"
+    try:
+        alerts.do_update_webhook(
+            _actor(request), hook, url=hook.url, kinds=hook.kinds, active=active, name=hook.name
+        )
+    except (PermissionRefused, RpcError) as exc:
+        return _refused(request, exc)
+    messages.success(request, f"Webhook {hook.pk} turned {'on' if active else 'off'}.")
+    return redirect("alerts")
+
+
+@require_POST
+@viewer_required
+def webhook_delete(request, pk: int):
+    """Delete a webhook and its deliveries (the audit entry keeps what it was)."""
+    hook, missing = _hook_or_refuse(request, pk)
+    if missing:
+        return missing
+    try:
+        alerts.do_delete_webhook(_actor(request), hook)
+    except (PermissionRefused, RpcError) as exc:
+        return _refused(request, exc)
+    messages.success(request, f"Webhook {pk} deleted.")
+    return redirect("alerts")

@@ -26,6 +26,8 @@ urlpatterns = [
     path("alerts/", alerts_views.alerts_page, name="alerts"),
     path("alerts/webhooks/", alerts_views.webhook_create, name="webhook-create"),
     path("alerts/webhooks/<int:pk>/test/", alerts_views.webhook_test, name="webhook-test"),
+    path("alerts/webhooks/<int:pk>/active/", alerts_views.webhook_active, name="webhook-active"),
+    path("alerts/webhooks/<int:pk>/delete/", alerts_views.webhook_delete, name="webhook-delete"),
     # Approvals (SPEC §11)
     path("approvals/", inbox.inbox, name="approvals"),
 ]

@@ -124,3 +124,31 @@ def test_it_keeps_the_webhook_form_with_the_error_beside_the_url(server, browser
     assert not page.is_checked("#webhook-form input[name=kinds] >> nth=0")
     assert page.locator('#webhook-form [data-role=field-error][data-field="url"]').is_visible()
     assert page.locator("#webhooks tr[data-webhook]").count() == 0
+
+
+def test_it_turns_a_webhook_off_and_on_and_deletes_it_from_the_alerts_page(server, browser, admin):
+    from delegation.models import AuditEntry, Webhook
+
+    page = browser()
+    sign_in(page, server.http_url, admin.username, PASSWORD)
+    page.goto(f"{server.http_url}/alerts/")
+    page.fill("#webhook-name", "pager")
+    page.fill("#webhook-url", "http://127.0.0.1:9/hook")
+    with page.expect_navigation():
+        page.click("[data-action=add-webhook]")
+    hook = Webhook.objects.get(name="pager")
+    row = page.locator(f"#webhooks tr[data-webhook='{hook.pk}']")
+    with page.expect_navigation():
+        row.locator("[data-action=disable]").click()
+    hook.refresh_from_db()
+    assert hook.active is False and row.locator(".chip").inner_text() == "off"
+    with page.expect_navigation():
+        row.locator("[data-action=enable]").click()
+    hook.refresh_from_db()
+    assert hook.active is True
+    with page.expect_navigation():
+        row.locator("[data-action=delete-webhook]").click()
+    assert not Webhook.objects.filter(pk=hook.pk).exists()
+    assert page.locator("#webhooks tr[data-webhook]").count() == 0
+    actions = set(AuditEntry.objects.values_list("action", flat=True))
+    assert {"webhook-create", "webhook-update", "webhook-delete"} <= actions
