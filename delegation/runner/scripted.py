@@ -216,14 +216,17 @@ class ScriptedEngine:
         rng = self.rng(plan.path, "run")
         await ctx.emit(event("thinking", f"Level {ctx.depth}: planning how to {task[:200]}"))
         await self.say(ctx, f"Starting on: {task[:200]}")
-        if self.rng(plan.path, "approval").random() < self.config.approval_rate:
+        # A delegating run asks once its children are started (under its lease, if any), so
+        # the demo shows both at once; any other run asks first.
+        asks = self.shows(plan, "approval", self.config.approval_rate)
+        if asks and not plan.spawn:
             await self.ask_step(ctx, task, plan)
         for step in range(self.config.steps):
             await self.tool_step(ctx, rng, step)
             await self.report_usage(ctx, rng, step)
         notes = []
         if plan.spawn:
-            notes = await self.delegate(ctx, plan, task, rng)
+            notes = await self.delegate(ctx, plan, task, rng, asks)
         if plan.long:
             await self.work_long(ctx)
         await self.report_usage(ctx, rng, self.config.steps)
@@ -274,6 +277,13 @@ class ScriptedEngine:
             await self.say(ctx, f"{tool} on {target} looks fine.")
         await ctx.sleep(self.pace)
 
+    def shows(self, plan: Plan, what: str, rate: float) -> bool:
+        """Whether this run asks an approval / holds a lease. With a rate set, the demo's first
+        root (path ``…-1``) always does, so a new user meets both at once."""
+        if rate <= 0:
+            return False
+        return plan.path.endswith("-1") or self.rng(plan.path, what).random() < rate
+
     async def ask_step(self, ctx: RunContext, task: str, plan: Plan) -> None:
         """A shell command an operator must allow first: waits for the decision."""
         call_id = f"ask-{plan.path}"[-128:]
@@ -304,11 +314,11 @@ class ScriptedEngine:
 
     def lease_for(self, plan: Plan) -> str | None:
         """The lease a delegating run starts its children under, kept after it ends."""
-        if self.rng(plan.path, "lease").random() >= self.config.lease_rate:
+        if not self.shows(plan, "lease", self.config.lease_rate):
             return None
         return "lease-" + re.sub(r"[^A-Za-z0-9_.-]", "-", plan.path)[-100:]
 
-    async def delegate(self, ctx: RunContext, plan: Plan, task: str, rng) -> list[str]:
+    async def delegate(self, ctx: RunContext, plan: Plan, task: str, rng, asks=False) -> list[str]:
         call_id = f"delegate-{plan.path}"
         lease = self.lease_for(plan)
         await ctx.emit(
@@ -358,6 +368,8 @@ class ScriptedEngine:
             children[child.child_id] = sub.path
             held = f" under lease {lease}" if lease else ""
             await self.say(ctx, f"Delegated {sub.path} to child {child.child_id}{held}.")
+        if asks:
+            await self.ask_step(ctx, task, plan)
         results = await self.wait_children(ctx, children, lease)
         ok = all(not r.error and not r.cancelled for r in results.values())
         for child_id, result in results.items():
