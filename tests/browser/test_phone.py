@@ -44,6 +44,7 @@ def test_it_fits_every_page_without_sideways_scrolling(server, runner, browser, 
         ("/runners/", "main"),
         ("/audit/", "main"),
         ("/launch/", "main"),
+        ("/leases/", "#leases-table"),
     ):
         page.goto(f"{server.http_url}{path}")
         page.wait_for_selector(ready)
