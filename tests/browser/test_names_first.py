@@ -44,6 +44,11 @@ def test_it_names_tree_rows_by_task_with_cost_on_screen_beside_the_pane(
     pane = page.locator("#run-detail").bounding_box()
     assert cost["x"] + cost["width"] <= pane["x"], "the cost is hidden under the side pane"
     page.screenshot(path=str(screenshot_name("names-first-tree")))
+    # The run page's crumbs name the tree by its task too.
+    page.goto(f"{server.http_url}/runs/{second}/")
+    crumb = page.locator(".crumbs [data-role=crumb-tree]")
+    assert crumb.inner_text() == "Tidy the release notes"
+    assert crumb.get_attribute("title") == "names-1"
 
 
 def _ask(runner, run_id: str, call: str, command: str, description: str) -> str:
