@@ -55,9 +55,29 @@ function applyBudget(budget) {
 
 let lastLive = null;
 let timer = null;
+let busy = false; // one read at a time: a ring during a read asks for one more after it
+let again = false;
 async function refresh() {
   clearTimeout(timer);
   timer = null;
+  if (busy) {
+    again = true;
+    return;
+  }
+  busy = true;
+  try {
+    if (await readOnce() === "stop" && !again) return;
+  } finally {
+    busy = false;
+  }
+  const more = again;
+  again = false;
+  if (more) lastLive = null;
+  clearTimeout(timer);
+  timer = setTimeout(refresh, more ? 0 : REFRESH_MS);
+}
+
+async function readOnce() {
   if (document.visibilityState === "visible") {
     try {
       const answer = await fetch(`/api/runs/${encodeURIComponent(card.dataset.runId)}`, { credentials: "same-origin" });
@@ -67,24 +87,28 @@ async function refresh() {
         applyBudget(detail.budget);
         card.dataset.updated = String(Date.now());
         const live = detail.usage.subtree.live;
-        if (live === 0 && lastLive === 0) return; // ended and read once more: stop
+        if (live === 0 && lastLive === 0) return "stop"; // ended and read once more
         lastLive = live;
       }
     } catch {
       // The next tick tries again.
     }
   }
-  timer = setTimeout(refresh, REFRESH_MS);
+  return "go";
 }
 
 if (card) {
   timer = setTimeout(refresh, REFRESH_MS);
   // A run of the subtree changed (run-page.js, from the live socket): read now, not at the
   // next tick, and start again if the loop had stopped.
+  // Throttled, not debounced: a busy subtree rings all the time and must still be read.
   let soon = null;
   document.addEventListener("canopy:subtree-change", () => {
     lastLive = null;
-    clearTimeout(soon);
-    soon = setTimeout(refresh, 150);
+    if (soon) return;
+    soon = setTimeout(() => {
+      soon = null;
+      refresh();
+    }, 200);
   });
 }
