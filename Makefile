@@ -104,10 +104,14 @@ DEMO_PRESETS ?= deploy/presets/demo-claude.json
 DEMO_ROOT := [root] Grow a small demo tree
 # The agents work here, not in the checkout: an agent there would read the server's secrets.
 DEMO_WORKSPACE ?= $(HOME)/.cache/canopy-demo/workspace
+# The presets name the model endpoint 127.0.0.1:8765; another MODEL_PORT gets a copy naming it
+# (issue 38: moving the port needed a hand-edited copy).
+DEMO_PRESETS_RUN := var/demo-presets-$(MODEL_PORT).json
 demo-agents: install agent-claude $(DEV_KEY)
 	@$(KEYED) $(PY) manage.py migrate --noinput -v 0
+	@mkdir -p var && sed 's/127\.0\.0\.1:8765/127.0.0.1:$(MODEL_PORT)/g' '$(DEMO_PRESETS)' > $(DEMO_PRESETS_RUN)
 	@PATH="$(CURDIR)/$(AGENTS_DIR)/node_modules/.bin:$$PATH" $(KEYED) $(PY) manage.py demo \
-	  --host $(HOST) --port $(PORT) --presets '$(DEMO_PRESETS)' --model-stub $(MODEL_PORT) \
+	  --host $(HOST) --port $(PORT) --presets '$(DEMO_PRESETS_RUN)' --model-stub $(MODEL_PORT) \
 	  '--root=$(DEMO_ROOT)' --root-profile claude --workspace '$(DEMO_WORKSPACE)'
 
 # The server alone, without the demo runner.
