@@ -50,6 +50,22 @@ $(AGENTS_STAMP):
 
 agents: $(AGENTS_STAMP)
 
+# Issue 38: `make demo-agents` runs Claude Code only, so it installs that CLI alone (pinned as
+# above, into the same folder); `make agents` still installs all five for the tests.
+CLAUDE_STAMP := $(AGENTS_DIR)/.installed-claude-$(CLAUDE_CODE_VERSION)
+
+$(CLAUDE_STAMP):
+	@mkdir -p $(AGENTS_DIR)
+	@test -f $(AGENTS_DIR)/package.json || echo '{"name": "canopy-agents", "private": true}' > $(AGENTS_DIR)/package.json
+	@test -f $(AGENTS_STAMP) || (cd $(AGENTS_DIR) && npm install --no-audit --no-fund --save-exact --loglevel=error \
+		@anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION))
+	@$(AGENTS_DIR)/node_modules/.bin/claude --version
+	@rm -f $(AGENTS_DIR)/.installed-claude-*
+	@touch $(CLAUDE_STAMP)
+
+agent-claude: $(CLAUDE_STAMP)
+.PHONY: agent-claude
+
 # Single sign-on tests (issue 28): the certified OpenID provider on Node they sign in through,
 # pinned by tests/support/oidc/package-lock.json and installed in that folder only.
 OIDC_DIR := tests/support/oidc
@@ -72,9 +88,11 @@ $(DEV_KEY):
 
 # Migrate, create the demo operator and runner, then serve with a scripted runner growing trees;
 # with PRESETS=file.json (ENGINE=acp, ROOT="a task", PROFILE=name) real agents run instead.
+# Issue 38: install and migrate say nothing unless something fails, so the demo's sign-in
+# block (its one-time password) is the last thing printed before the server's own lines.
 run: install $(DEV_KEY)
-	$(KEYED) $(PY) manage.py migrate --noinput
-	$(KEYED) $(PY) manage.py demo --host $(HOST) --port $(PORT) \
+	@$(KEYED) $(PY) manage.py migrate --noinput -v 0
+	@$(KEYED) $(PY) manage.py demo --host $(HOST) --port $(PORT) \
 	  $(if $(PRESETS),--presets '$(PRESETS)') $(if $(ENGINE),--engine $(ENGINE)) \
 	  $(if $(ROOT),'--root=$(ROOT)') $(if $(PROFILE),--root-profile '$(PROFILE)')
 
@@ -86,10 +104,14 @@ DEMO_PRESETS ?= deploy/presets/demo-claude.json
 DEMO_ROOT := [root] Grow a small demo tree
 # The agents work here, not in the checkout: an agent there would read the server's secrets.
 DEMO_WORKSPACE ?= $(HOME)/.cache/canopy-demo/workspace
-demo-agents: install agents $(DEV_KEY)
-	$(KEYED) $(PY) manage.py migrate --noinput
-	PATH="$(CURDIR)/$(AGENTS_DIR)/node_modules/.bin:$$PATH" $(KEYED) $(PY) manage.py demo \
-	  --host $(HOST) --port $(PORT) --presets '$(DEMO_PRESETS)' --model-stub $(MODEL_PORT) \
+# The presets name the model endpoint 127.0.0.1:8765; another MODEL_PORT gets a copy naming it
+# (issue 38: moving the port needed a hand-edited copy).
+DEMO_PRESETS_RUN := var/demo-presets-$(MODEL_PORT).json
+demo-agents: install agent-claude $(DEV_KEY)
+	@$(KEYED) $(PY) manage.py migrate --noinput -v 0
+	@mkdir -p var && sed 's/127\.0\.0\.1:8765/127.0.0.1:$(MODEL_PORT)/g' '$(DEMO_PRESETS)' > $(DEMO_PRESETS_RUN)
+	@PATH="$(CURDIR)/$(AGENTS_DIR)/node_modules/.bin:$$PATH" $(KEYED) $(PY) manage.py demo \
+	  --host $(HOST) --port $(PORT) --presets '$(DEMO_PRESETS_RUN)' --model-stub $(MODEL_PORT) \
 	  '--root=$(DEMO_ROOT)' --root-profile claude --workspace '$(DEMO_WORKSPACE)'
 
 # The server alone, without the demo runner.

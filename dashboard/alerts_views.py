@@ -8,6 +8,7 @@ from django.contrib import messages
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
+from dashboard.form_errors import NUL_STATUS, nul_field, nul_message, refusal
 from dashboard.views import _actor, _context, _refuse, _refused, viewer_required
 from delegation import roles, selectors
 from delegation.errors import PermissionRefused, RpcError
@@ -24,31 +25,45 @@ def _admin_only(request):
     return None
 
 
+def _page(request, status: int = 200, **form):
+    context = _context(request, kinds=ALERT_KINDS, **selectors.alerts_overview())
+    # What the add form shows: all kinds ticked at first, then what was typed (issue 38).
+    context["form"] = form.get("form") or {"name": "", "url": "", "kinds": list(ALERT_KINDS)}
+    context["form_error"] = form.get("error", "")
+    context["form_error_field"] = form.get("field", "")
+    return render(request, "alerts.html", context, status=status)
+
+
 @require_GET
 @viewer_required
 def alerts_page(request):
     refused = _admin_only(request)
     if refused is not None:
         return refused
-    return render(
-        request,
-        "alerts.html",
-        _context(request, kinds=ALERT_KINDS, **selectors.alerts_overview()),
-    )
+    return _page(request)
 
 
 @require_POST
 @viewer_required
 def webhook_create(request):
+    typed = {
+        "name": request.POST.get("name", ""),
+        "url": request.POST.get("url", ""),
+        "kinds": request.POST.getlist("kinds"),
+    }
+    # The service checks the role (and audits a refusal) first; NUL is refused after it.
+    if roles.can_admin(request.user) and (bad := nul_field({k: typed[k] for k in ("name", "url")})):
+        return _page(request, NUL_STATUS, form=typed, error=nul_message(bad), field=bad)
     try:
         created = alerts.do_create_webhook(
-            _actor(request),
-            url=request.POST.get("url", ""),
-            kinds=request.POST.getlist("kinds"),
-            name=request.POST.get("name", "").strip(),
+            _actor(request), url=typed["url"], kinds=typed["kinds"], name=typed["name"].strip()
         )
-    except (PermissionRefused, RpcError) as exc:
+    except PermissionRefused as exc:
         return _refused(request, exc)
+    except RpcError as exc:
+        # The form again, with what was typed and the error beside its field.
+        form, status = refusal(exc, ("name", "url", "kinds"))
+        return _page(request, status, form=typed, **form)
     # Shown once, as REST shows it once: the receiver needs it to verify signatures.
     messages.success(
         request,
@@ -70,4 +85,42 @@ def webhook_test(request, pk: int):
     messages.success(
         request, f"Test delivery {delivery.delivery_id} stored; it is sent within a sweep."
     )
+    return redirect("alerts")
+
+
+def _hook_or_refuse(request, pk: int):
+    hook = Webhook.objects.filter(pk=pk).first()
+    return hook, (None if hook is not None else _refuse(request, f"No webhook {pk}.", status=404))
+
+
+@require_POST
+@viewer_required
+def webhook_active(request, pk: int):
+    """Turn a webhook off (nothing is sent to it) or on again (issue 38)."""
+    hook, missing = _hook_or_refuse(request, pk)
+    if missing:
+        return missing
+    active = request.POST.get("active") == "1"
+    try:
+        alerts.do_update_webhook(
+            _actor(request), hook, url=hook.url, kinds=hook.kinds, active=active, name=hook.name
+        )
+    except (PermissionRefused, RpcError) as exc:
+        return _refused(request, exc)
+    messages.success(request, f"Webhook {hook.pk} turned {'on' if active else 'off'}.")
+    return redirect("alerts")
+
+
+@require_POST
+@viewer_required
+def webhook_delete(request, pk: int):
+    """Delete a webhook and its deliveries (the audit entry keeps what it was)."""
+    hook, missing = _hook_or_refuse(request, pk)
+    if missing:
+        return missing
+    try:
+        alerts.do_delete_webhook(_actor(request), hook)
+    except (PermissionRefused, RpcError) as exc:
+        return _refused(request, exc)
+    messages.success(request, f"Webhook {pk} deleted.")
     return redirect("alerts")

@@ -3,7 +3,7 @@
 from django.conf import settings
 from django.urls import path
 
-from dashboard import alerts_views, inbox, retention, views
+from dashboard import alerts_views, inbox, leases_views, retention, run_forms, views
 
 urlpatterns = [
     path("api/", ("dashboard.api.urls", "api", "api")),
@@ -15,9 +15,10 @@ urlpatterns = [
     path("trees/<str:run_id>/", views.tree, name="tree"),
     path("runs/<str:run_id>/", views.run_detail, name="run"),
     path("runs/<str:run_id>/cancel/", views.run_cancel, name="run-cancel"),
-    path("runs/<str:run_id>/budget/", views.run_budget, name="run-budget"),
-    path("runs/<str:run_id>/relaunch/", views.run_relaunch, name="run-relaunch"),
-    path("runs/<str:run_id>/compare/", views.run_compare, name="run-compare"),
+    path("runs/<str:run_id>/budget/", run_forms.run_budget, name="run-budget"),
+    path("runs/<str:run_id>/relaunch/", run_forms.run_relaunch, name="run-relaunch"),
+    path("runs/<str:run_id>/compare/", run_forms.run_compare, name="run-compare"),
+    path("leases/", leases_views.leases, name="leases"),
     path("leases/<int:pk>/release/", views.lease_release, name="lease-release"),
     path("runners/", views.runners, name="runners"),
     path("audit/", views.audit, name="audit"),
@@ -25,6 +26,8 @@ urlpatterns = [
     path("alerts/", alerts_views.alerts_page, name="alerts"),
     path("alerts/webhooks/", alerts_views.webhook_create, name="webhook-create"),
     path("alerts/webhooks/<int:pk>/test/", alerts_views.webhook_test, name="webhook-test"),
+    path("alerts/webhooks/<int:pk>/active/", alerts_views.webhook_active, name="webhook-active"),
+    path("alerts/webhooks/<int:pk>/delete/", alerts_views.webhook_delete, name="webhook-delete"),
     # Approvals (SPEC §11)
     path("approvals/", inbox.inbox, name="approvals"),
 ]

@@ -28,6 +28,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
+from dashboard.form_errors import nul_field, nul_message
 from delegation import roles, selectors
 from delegation.errors import INVALID_PARAMS, PermissionRefused, RpcError, http_status
 from delegation.models import (
@@ -36,8 +37,7 @@ from delegation.models import (
     RunStatus,
 )
 from delegation.selectors.retention import purged_run
-from delegation.services.budgets import do_set_budget
-from delegation.services.launch import Launch, do_launch_run, do_relaunch_run
+from delegation.services.launch import Launch, do_launch_run
 from delegation.services.operator import Actor, do_cancel_run, release_lease
 from delegation.wire import BudgetLimits, parse_model
 
@@ -276,7 +276,28 @@ def tree(request, run_id):
 def run_detail(request, run_id):
     if gone := _purged(request, run_id):
         return gone
-    run = _run_or_404(run_id)
+    return render(request, "run.html", run_context(request, _run_or_404(run_id)))
+
+
+_IDENTITY = (  # the wire Result's fields, in words (issue 38)
+    ("runId", "run"),
+    ("conversationId", "conversation"),
+    ("runnerId", "runner"),
+    ("hostInstanceId", "host instance"),
+    ("parentRunId", "parent run"),
+    ("parentConversationId", "parent conversation"),
+    ("extensionId", "extension"),
+    ("profile", "profile"),
+    ("depth", "depth"),
+    ("status", "status"),
+    ("done", "done"),
+    ("cancelled", "cancelled"),
+)
+
+
+def run_context(request, run: Run, **extra) -> dict:
+    """The run page's context; a form that failed (``dashboard.run_forms``) adds what was
+    typed and the error, so the page is shown again around it."""
     live = selectors.live_descendant_count(run)
     result = selectors.snapshot(run)
     del result["events"]
@@ -289,23 +310,7 @@ def run_detail(request, run_id):
         run=run,
         result=result,
         root=root,
-        identity=[
-            (key, result[key])
-            for key in (
-                "runId",
-                "conversationId",
-                "runnerId",
-                "hostInstanceId",
-                "parentRunId",
-                "parentConversationId",
-                "extensionId",
-                "profile",
-                "depth",
-                "status",
-                "done",
-                "cancelled",
-            )
-        ],
+        identity=[(key, label, result[key]) for key, label in _IDENTITY],
         live_descendants=live,
         links=selectors.relaunch_links(run),
         stop_subtree=live + (0 if run.is_terminal else 1),
@@ -327,7 +332,8 @@ def run_detail(request, run_id):
         pending_approvals=_pending_approvals(run),
         approval_policy_json=_policy_json(run),
     )
-    return render(request, "run.html", context)
+    context.update(extra)
+    return context
 
 
 def _policy_json(run: Run) -> str:
@@ -346,11 +352,11 @@ def _pending_approvals(run: Run) -> list[dict]:
 
 
 _BUDGET_FIELDS = (
-    ("maxRuns", "Descendants ever started", "1"),
-    ("maxLive", "Descendants running at once", "1"),
+    ("maxRuns", "Runs started", "1"),
+    ("maxLive", "Running at once", "1"),
     ("maxTokens", "Tokens (in + out)", "1"),
-    ("maxCostUsd", "Cost in USD", "0.01"),
-    ("maxSeconds", "Seconds since the run started", "1"),
+    ("maxCostUsd", "Cost (USD)", "0.01"),
+    ("maxSeconds", "Seconds running", "1"),
 )
 
 
@@ -400,7 +406,10 @@ def _done(request, run: Run, message: str, level=messages.SUCCESS):
 def run_cancel(request, run_id):
     run = _run_or_404(run_id)
     cascade = request.POST.get("cascade") in ("1", "true", "on")
-    reason = request.POST.get("reason", "").strip()[:500] or (
+    reason = request.POST.get("reason", "")
+    if "\x00" in reason:  # REST refuses NUL (issue 38)
+        return _refuse(request, nul_message("reason"), status=422)
+    reason = reason.strip()[:500] or (
         f"cancelled from the dashboard by {request.user.get_username()}"
     )
     try:
@@ -412,71 +421,6 @@ def run_cancel(request, run_id):
         f" and {stopped} live descendant{'s' if stopped != 1 else ''}" if cascade else ""
     )
     return _done(request, run, text)
-
-
-@require_GET
-@viewer_required
-def run_compare(request, run_id):
-    """Two runs side by side: ``/runs/<a>/compare/?with=<b>`` (the run page's "compare with")."""
-    other = request.GET.get("with", "").strip()
-    cmp = selectors.compare_runs(_run_or_404(run_id), _run_or_404(other))
-    deltas = cmp["deltas"]
-    return render(
-        request,
-        "compare.html",
-        _context(
-            request,
-            cmp=cmp,
-            sides=[{"key": "a", "run": cmp["a"]}, {"key": "b", "run": cmp["b"]}],
-            cost_delta=f"{deltas['costUsd']:+.4f}",
-            duration_delta=(
-                f"{deltas['durationSeconds']:+.1f}" if deltas["durationSeconds"] is not None else ""
-            ),
-        ),
-    )
-
-
-@require_POST
-@viewer_required
-def run_relaunch(request, run_id):
-    """The run page's relaunch form: a new top-level run from this one, message editable."""
-    run = _run_or_404(run_id)
-    message = request.POST.get("message", "")
-    try:
-        result = do_relaunch_run(_actor(request), run, message=message or None)
-    except (PermissionRefused, RpcError) as exc:
-        return _refused(request, exc)
-    messages.success(request, f"Relaunched {run.run_id} as {result['runId']}")
-    return redirect("run", result["runId"])
-
-
-@require_POST
-@viewer_required
-def run_budget(request, run_id):
-    """The run page's budget form: exactly the limits filled in (an empty field: no limit)."""
-    run = _run_or_404(run_id)
-    values = {}
-    for name, _label, _step in _BUDGET_FIELDS:
-        text = request.POST.get(name, "").strip()
-        if not text:
-            continue
-        try:
-            values[name] = float(text) if name == "maxCostUsd" else int(text)
-        except ValueError:
-            return _refuse(request, f"{name}: {text!r} is not a number", status=400)
-    try:
-        limits = parse_model(BudgetLimits, values, "budget")
-        do_set_budget(
-            _actor(request),
-            run,
-            limits,
-            replace=True,
-            reason=request.POST.get("reason", "").strip()[:500],
-        )
-    except (PermissionRefused, RpcError) as exc:
-        return _refused(request, exc)
-    shown = ", ".join(f"{k} {v}" for k, v in values.items()) or "no limits"
-    return _done(request, run, f"Budget of {run.run_id} set: {shown}")
 
 
 @require_POST
@@ -532,6 +476,8 @@ def launch(request):
         form = {key: request.POST.get(key, "") for key in form}
         extension_id, _, profile = form["preset"].rpartition("/")
         try:
+            if bad := nul_field(form):  # REST refuses NUL too (issue 38: it was stored)
+                raise RpcError(INVALID_PARAMS, nul_message(bad))
             budget = _launch_budget(form)
             result = do_launch_run(
                 _actor(request),

@@ -177,6 +177,7 @@ def get_run(request, runId: str):  # noqa: N803
     lease = run.lease
     now = timezone.now()
     result.update(
+        task=run.task,
         rootRunId=run.root.run_id if run.root_id else run.run_id,
         childCounts=counts_out(selectors.child_counts(run)),
         lease=(

@@ -244,6 +244,8 @@ def build_engine(args):
     if args.demo:
         cfg.shape, cfg.fanout, cfg.pace = "sparse", 3, 0.8
         cfg.fail_rate, cfg.long_rate, cfg.long_seconds = 0.2, 0.3, 45.0
+        # Issue 38: the demo shows an approval waiting in the inbox and a lease to release.
+        cfg.approval_rate, cfg.lease_rate = 0.15, 0.3
     for name, attr in (
         ("pace", "pace"),
         ("steps", "steps"),

@@ -11,7 +11,12 @@ Behaviour the SPEC cares about:
 - a depth refusal (−32010) is recorded as a ``text`` event and the run does the work itself;
 - a steer shows up in the run's next ``text`` event ("Steered: I was told ...");
 - a cancel stops the run within one pace tick (at most a second) and the host finishes it
-  with ``cancelled: true``.
+  with ``cancelled: true``;
+- with ``approval_rate``, a run sometimes asks an operator before a shell command
+  (``approval.request``, SPEC §11) and waits for the decision, running the edited command
+  when the operator edited it; with ``lease_rate``, a delegating run sometimes starts its
+  children under a lease it keeps after it ends (until released or expired), so the demo
+  shows both (issue 38).
 """
 
 from __future__ import annotations
@@ -84,6 +89,8 @@ class ScriptedConfig:
     long_rate: float = 0.0  # share of children that keep working for `long_seconds`
     long_seconds: float = 30.0
     poll: float = 0.3  # child.read interval while waiting for children
+    approval_rate: float = 0.0  # share of runs that ask an operator before a shell command
+    lease_rate: float = 0.0  # share of delegating runs that start their children under a lease
 
 
 @dataclass
@@ -209,12 +216,17 @@ class ScriptedEngine:
         rng = self.rng(plan.path, "run")
         await ctx.emit(event("thinking", f"Level {ctx.depth}: planning how to {task[:200]}"))
         await self.say(ctx, f"Starting on: {task[:200]}")
+        # A delegating run asks once its children are started (under its lease, if any), so
+        # the demo shows both at once; any other run asks first.
+        asks = self.shows(plan, "approval", self.config.approval_rate)
+        if asks and not plan.spawn:
+            await self.ask_step(ctx, task, plan)
         for step in range(self.config.steps):
             await self.tool_step(ctx, rng, step)
             await self.report_usage(ctx, rng, step)
         notes = []
         if plan.spawn:
-            notes = await self.delegate(ctx, plan, task, rng)
+            notes = await self.delegate(ctx, plan, task, rng, asks)
         if plan.long:
             await self.work_long(ctx)
         await self.report_usage(ctx, rng, self.config.steps)
@@ -265,8 +277,50 @@ class ScriptedEngine:
             await self.say(ctx, f"{tool} on {target} looks fine.")
         await ctx.sleep(self.pace)
 
-    async def delegate(self, ctx: RunContext, plan: Plan, task: str, rng) -> list[str]:
+    def shows(self, plan: Plan, what: str, rate: float) -> bool:
+        """Whether this run asks an approval / holds a lease. With a rate set, the demo's first
+        root (path ``…-1``) always does, so a new user meets both at once."""
+        if rate <= 0:
+            return False
+        return plan.path.endswith("-1") or self.rng(plan.path, what).random() < rate
+
+    async def ask_step(self, ctx: RunContext, task: str, plan: Plan) -> None:
+        """A shell command an operator must allow first: waits for the decision."""
+        call_id = f"ask-{plan.path}"[-128:]
+        asked = {
+            "command": f"pytest -q tests/ -k '{plan.path}'",
+            "description": f"Run the tests for: {task[:80]}",
+        }
+        await self.say(ctx, "I need to run the test suite; asking an operator first.")
+        answer = await ctx.ask_approval(call_id, "Bash", asked, title=asked["description"])
+        ctx.check_cancel()
+        if answer.get("decision") != "allow":
+            why = answer.get("message") or answer.get("decision", "no answer")
+            await self.say(ctx, f"Not running it ({why}); carrying on without the tests.")
+            return
+        command = answer.get("updatedInput") or asked
+        await ctx.emit(event("tool-use", tool_name="Bash", tool_call_id=call_id, input=command))
+        await ctx.sleep(self.pace)
+        await ctx.emit(
+            event(
+                "tool-result",
+                tool_name="Bash",
+                tool_call_id=call_id,
+                success=True,
+                tool_output={"command": command.get("command", ""), "passed": 12},
+            )
+        )
+        await self.say(ctx, f"Allowed; ran {command.get('command', '')!r}: 12 passed.")
+
+    def lease_for(self, plan: Plan) -> str | None:
+        """The lease a delegating run starts its children under, kept after it ends."""
+        if not self.shows(plan, "lease", self.config.lease_rate):
+            return None
+        return "lease-" + re.sub(r"[^A-Za-z0-9_.-]", "-", plan.path)[-100:]
+
+    async def delegate(self, ctx: RunContext, plan: Plan, task: str, rng, asks=False) -> list[str]:
         call_id = f"delegate-{plan.path}"
+        lease = self.lease_for(plan)
         await ctx.emit(
             event(
                 "tool-use",
@@ -286,7 +340,18 @@ class ScriptedEngine:
                 "message": f"Subtask {sub.path} of '{task[:80]}': {topic}\n\n{sub.render()}",
             }
             try:
-                child = await ctx.child_start(request, tool_call_id=call_id)
+                if lease:
+                    request["leaseId"] = lease
+                    child = await ctx.client.child_start(
+                        ctx.run_id,
+                        ctx.host.extension_id,
+                        ctx.host.generation,
+                        request,
+                        tool_call_id=call_id,
+                        lease_id=lease,
+                    )
+                else:
+                    child = await ctx.child_start(request, tool_call_id=call_id)
             except DepthLimitReached as refused:
                 await self.say(
                     ctx,
@@ -301,8 +366,11 @@ class ScriptedEngine:
                 notes.append(f"{sub.path} done myself (admission)")
                 continue
             children[child.child_id] = sub.path
-            await self.say(ctx, f"Delegated {sub.path} to child {child.child_id}.")
-        results = await self.wait_children(ctx, children)
+            held = f" under lease {lease}" if lease else ""
+            await self.say(ctx, f"Delegated {sub.path} to child {child.child_id}{held}.")
+        if asks:
+            await self.ask_step(ctx, task, plan)
+        results = await self.wait_children(ctx, children, lease)
         ok = all(not r.error and not r.cancelled for r in results.values())
         for child_id, result in results.items():
             state = result.status or ("failed" if result.error else "done")
@@ -326,14 +394,24 @@ class ScriptedEngine:
             await ctx.client.tool_end(ctx.run_id, call_id)
         return notes
 
-    async def wait_children(self, ctx: RunContext, children: dict[str, str]):
+    async def wait_children(self, ctx: RunContext, children: dict[str, str], lease=None):
         after = dict.fromkeys(children, 0)
         results = {}
         while len(results) < len(children):
             for child_id in children:
                 if child_id in results:
                     continue
-                read = await ctx.child_read(child_id, after=after[child_id])
+                if lease:
+                    read = await ctx.client.child_read(
+                        ctx.run_id,
+                        ctx.host.extension_id,
+                        ctx.host.generation,
+                        child_id,
+                        after=after[child_id],
+                        lease_id=lease,
+                    )
+                else:
+                    read = await ctx.child_read(child_id, after=after[child_id])
                 if read.events:
                     after[child_id] = read.last_sequence
                 if read.done:

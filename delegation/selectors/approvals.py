@@ -15,7 +15,10 @@ def approval_wire(approval: Approval) -> dict:
     answer = {
         "approvalId": approval.approval_id,
         "runId": approval.run.run_id,
+        # Names before ids (issue 38): the run's task and its tree's, as the dashboard shows.
+        "task": approval.run.task,
         "rootRunId": approval.root.run_id,
+        "rootTask": approval.root.task,
         "depth": approval.run.depth,
         "profile": approval.run.profile,
         "runner": approval.run.runner.name,

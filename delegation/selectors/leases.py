@@ -36,6 +36,7 @@ def leases_matching(
         runnerId=F("runner__name"),
         extensionId=F("extension_id"),
         parentRunId=F("parent_run__run_id"),
+        parentTask=F("parent_run__task"),
         createdAt=F("created_at"),
         expiresAt=F("expires_at"),
         endedAt=F("ended_at"),

@@ -167,7 +167,7 @@ def pop_usage(row: dict, created_at, finished_at, status: str, now=None) -> tupl
 
 
 def usage_rows(run_pks) -> list[dict]:
-    """``{"pk", "usage", "budget"}`` of each run, one query (for the export)."""
+    """``{"pk", "task", "usage", "budget"}`` of each run, one query (for the export)."""
     from delegation.models import Run
 
     now = timezone.now()
@@ -175,11 +175,11 @@ def usage_rows(run_pks) -> list[dict]:
     for row in (
         Run.objects.filter(pk__in=list(run_pks))
         .order_by("pk")
-        .values("pk", "created_at", "finished_at", "status", **usage_values())
+        .values("pk", "task", "created_at", "finished_at", "status", **usage_values())
     ):
         created, finished, status = row.pop("created_at"), row.pop("finished_at"), row.pop("status")
         usage, budget = pop_usage(row, created, finished, status, now)
-        rows.append({"pk": row["pk"], "usage": usage, "budget": budget})
+        rows.append({"pk": row["pk"], "task": row["task"], "usage": usage, "budget": budget})
     return rows
 
 

@@ -77,7 +77,7 @@ def test_it_grows_a_tree_of_real_claude_code_runs_in_one_command(tmp_path):
     env.pop("REDIS_URL", None)
     log = (tmp_path / "demo.log").open("w+")
     make = subprocess.Popen(
-        ["make", "-o", "install", "-o", "agents", "-o", "var/dev-secret-key", "demo-agents"]
+        ["make", "-o", "install", "-o", "agent-claude", "-o", "var/dev-secret-key", "demo-agents"]
         + [f"PORT={port}", f"MODEL_PORT={model_port}", f"DEMO_PRESETS={presets}"]
         + [f"DEMO_WORKSPACE={tmp_path / 'workspace'}"],
         cwd=PROJECT,

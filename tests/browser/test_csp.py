@@ -50,6 +50,9 @@ def test_it_loads_every_page_with_no_content_security_policy_violation(
                 ("/runs/root-1/", '#events [data-sequence="1"]'),
                 ("/runners/", "table"),
                 ("/audit/", "table"),
+                ("/leases/", "#leases-table"),  # issue 38's pages
+                ("/approvals/", "#approvals"),
+                ("/alerts/", "#webhooks"),
                 ("/admin/", "#site-name"),
                 ("/admin/delegation/run/", "#result_list"),
                 ("/api/docs", ".swagger-ui .info"),

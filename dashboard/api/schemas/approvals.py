@@ -11,7 +11,9 @@ from pydantic import Field
 class ApprovalOut(Schema):
     approvalId: str
     runId: str
+    task: str = Field(description="The run's task (first line of its request message)")
     rootRunId: str
+    rootTask: str = Field(description="The task of the tree's top-level run: the tree's name")
     depth: int
     profile: str
     runner: str

@@ -266,6 +266,9 @@ class RunDetail(Schema):
     conclusion: ConclusionOut | None = Field(
         description="SPEC §9 Conclusions: what the run says it achieved; null until it concludes"
     )
+    task: str = Field(
+        description='The run\'s task: first line of its request message, as lists show it ("" if none)'
+    )
     rootRunId: str
     childCounts: ChildCounts
     lease: LeaseRef | None = Field(description="The lease this run was started under")

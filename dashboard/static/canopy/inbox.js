@@ -3,6 +3,7 @@
 // session's CSRF token. Every list on the page marked [data-approvals] is kept current: the
 // live socket's approvals doorbell (on every request, decision or expiry, and on every
 // (re)subscription) triggers a refetch; REST stays the record, so a reconnect catches up.
+import { bindLiveState } from "./common.js";
 import { pageLive } from "./live.js";
 
 // Only a safety net for a doorbell lost with its socket (a test may set it longer).
@@ -41,20 +42,35 @@ function renderInput(input) {
   return pre;
 }
 
+// What the agent said the command does (Claude Code's Bash ``description``), else its title.
+function describe(a) {
+  const said = a.input && typeof a.input.description === "string" ? a.input.description : "";
+  return said || (a.title && a.title !== a.toolName ? a.title : "");
+}
+
 function card(a, canAct) {
+  // Names before ids (issue 38): the run's task heads the card, the tree by its name; the
+  // ids are the small print.
   const head = el(
     "div",
     { class: "approval-head" },
     el("span", { class: "badge mono", "data-field": "toolName", text: a.toolName }),
     a.kind ? el("span", { class: "badge", text: a.kind }) : null,
-    el("a", { class: "mono", href: `/runs/${encodeURIComponent(a.runId)}/`, text: a.runId }),
-    el("span", {
-      class: "muted small",
-      text: ` tree ${a.rootRunId} · depth ${a.depth} · ${a.profile || "—"} on ${a.runner} · ${age(a.requestedAt)}`,
-    }),
+    el("a", { class: "approval-task", "data-field": "task", href: `/runs/${encodeURIComponent(a.runId)}/`, title: a.runId, text: a.task || a.runId }),
   );
-  const node = el("article", { class: "card approval", "data-approval-id": a.approvalId, tabindex: "0" }, head);
-  if (a.title && a.title !== a.toolName) node.append(el("p", { class: "small", text: a.title }));
+  const where = el(
+    "p",
+    { class: "muted small approval-where" },
+    "in ",
+    el("a", { "data-field": "rootTask", href: `/trees/${encodeURIComponent(a.rootRunId)}/`, title: a.rootRunId, text: a.rootTask || a.rootRunId }),
+    ` · depth ${a.depth} · ${a.profile || "—"} on ${a.runner} · asked `,
+    el("time", { "data-iso": a.requestedAt, "data-role": "age", text: age(a.requestedAt) }),
+    " · ",
+    el("span", { class: "mono", text: a.runId }),
+  );
+  const node = el("article", { class: "card approval", "data-approval-id": a.approvalId, tabindex: "0" }, head, where);
+  const said = describe(a);
+  if (said) node.append(el("p", { class: "approval-description", "data-field": "description", text: said }));
   node.append(renderInput(a.input));
   if (!canAct) {
     node.append(el("p", { class: "muted small", text: "Viewers see approvals; operators decide them." }));
@@ -128,6 +144,14 @@ async function act(node, a, action) {
   if (response.ok) {
     outcome.textContent = `${answer.decision} by ${answer.decidedBy}`;
     node.dataset.decided = answer.decision;
+    // What was allowed is what the card shows: the edited input, not the one asked for.
+    if (answer.updatedInput !== null && answer.updatedInput !== undefined) {
+      const shown = renderInput(answer.updatedInput);
+      shown.dataset.edited = "1";
+      node.querySelector("[data-field=input]").replaceWith(shown);
+      if (editor) editor.hidden = true;
+    }
+    leaveSoon(node);
   } else {
     outcome.textContent = `Refused: ${answer.error?.message ?? response.status}`;
     for (const b of node.querySelectorAll("button")) b.disabled = false;
@@ -148,10 +172,12 @@ async function refresh(list) {
   }
   const seen = new Set(page.items.map((a) => a.approvalId));
   for (const node of list.querySelectorAll("[data-approval-id]")) {
-    // A card being edited, being decided or decided here stays (with its outcome) until
-    // the page is left; others that are no longer pending go.
-    const kept = node.dataset.deciding || node.dataset.decided || node.contains(document.activeElement);
-    if (!seen.has(node.dataset.approvalId) && !kept) node.remove();
+    // A card decided here leaves after its outcome showed (leaveSoon); one decided
+    // elsewhere goes now, unless its editor is open with the operator's typing (issue 38:
+    // a merely focused card used to linger).
+    if (seen.has(node.dataset.approvalId) || node.dataset.deciding || node.dataset.decided) continue;
+    const editing = node.querySelector("[name=updatedInput]:not([hidden])");
+    if (!editing) node.remove();
   }
   for (const a of page.items) {
     const existing = list.querySelector(`[data-approval-id="${CSS.escape(a.approvalId)}"]`);
@@ -169,7 +195,68 @@ async function refresh(list) {
   if (list.dataset.query === "status=pending") {
     const count = document.querySelector("[data-role=approvals-count]");
     if (count) count.textContent = String(page.items.length);
+    showCount(page.items.length);
+    notifyNew(page.items);
   }
+}
+
+// --- The tab title's count and opt-in desktop notifications (issue 38) ------------------------
+const baseTitle = document.title.replace(/^\(\d+\) /, "");
+function showCount(pending) {
+  document.title = pending ? `(${pending}) ${baseTitle}` : baseTitle;
+}
+
+// Opt-in per user (this browser remembers it), only while a page with the inbox is open.
+const who = document.querySelector(".who .mono")?.textContent?.trim() || "";
+const OPT_IN = `canopy.notify.${who}`;
+const notified = new Set();
+let primed = false;
+function notifyNew(items) {
+  const wanted = localStorage.getItem(OPT_IN) === "1" && "Notification" in window && Notification.permission === "granted";
+  for (const a of items) {
+    if (notified.has(a.approvalId)) continue;
+    notified.add(a.approvalId);
+    // What was pending when the page opened is on screen already: only newcomers ring.
+    if (!primed || !wanted) continue;
+    const said = describe(a);
+    const what = a.input && typeof a.input.command === "string" ? `$ ${a.input.command}` : a.toolName;
+    const note = new Notification(`Approval: ${a.toolName} in ${a.task || a.runId}`, { body: said ? `${said}\n${what}` : what, tag: a.approvalId });
+    note.onclick = () => { window.focus(); location.href = "/approvals/"; };
+  }
+  primed = true;
+}
+
+const notifyButton = document.querySelector("[data-action=notify]");
+function showOptIn() {
+  if (!notifyButton) return;
+  const on = localStorage.getItem(OPT_IN) === "1" && "Notification" in window && Notification.permission === "granted";
+  notifyButton.textContent = on ? "Notifications on" : "Notify me of new approvals";
+  notifyButton.dataset.on = on ? "1" : "0";
+  notifyButton.hidden = !("Notification" in window);
+}
+notifyButton?.addEventListener("click", async () => {
+  if (localStorage.getItem(OPT_IN) === "1" && Notification.permission === "granted") {
+    localStorage.removeItem(OPT_IN);
+  } else if ((await Notification.requestPermission()) === "granted") {
+    localStorage.setItem(OPT_IN, "1");
+  }
+  showOptIn();
+});
+showOptIn();
+
+// A card decided here shows its outcome for a moment, then leaves the list.
+const DECIDED_LINGER_MS = Number(window.canopyDecidedLingerMs) || 4000;
+function leaveSoon(node) {
+  setTimeout(() => {
+    const list = node.closest("[data-approvals]");
+    node.remove();
+    if (list && !list.querySelector("[data-approval-id]")) refreshAll();
+  }, DECIDED_LINGER_MS);
+}
+
+// The cards' ages tick, since a card may wait for minutes.
+function tickAges() {
+  for (const node of document.querySelectorAll("[data-approvals] time[data-iso]")) node.textContent = age(node.dataset.iso);
 }
 
 // Coalesced: at most one refetch in flight and one more queued, however many doorbells ring.
@@ -220,10 +307,18 @@ if (policyForm) {
     event.preventDefault();
     const outcome = policyForm.querySelector("[data-role=policy-outcome]");
     let body;
+    const text = policyForm.querySelector("[name=policy]").value.trim();
+    // Issue 38: an empty box is a mistake, not a policy to save ("Policy saved." lied).
+    if (!text || text === "{}") {
+      outcome.textContent = 'The policy is empty: write one, e.g. {"rules": [], "default": "ask"}.';
+      outcome.dataset.ok = "0";
+      return;
+    }
     try {
-      body = JSON.parse(policyForm.querySelector("[name=policy]").value || "{}");
+      body = JSON.parse(text);
     } catch (error) {
       outcome.textContent = `Not JSON: ${error.message}`;
+      outcome.dataset.ok = "0";
       return;
     }
     const response = await fetch(policyForm.dataset.endpoint, {
@@ -234,6 +329,7 @@ if (policyForm) {
     });
     const answer = await response.json();
     outcome.textContent = response.ok ? "Policy saved." : `Refused: ${answer.error?.message ?? response.status}`;
+    outcome.dataset.ok = response.ok ? "1" : "0";
     refreshAll();
   });
 }
@@ -246,9 +342,13 @@ if (document.querySelector("[data-approvals]")) {
     onApprovals(pending) {
       const count = document.querySelector("[data-role=approvals-count]");
       if (count) count.textContent = String(pending);
+      showCount(pending);
       refreshAll();
     },
   });
+  bindLiveState(live);
   live.start();
   setInterval(refreshAll, SAFETY_POLL_MS);
+  tickAges();
+  setInterval(tickAges, 1000);
 }

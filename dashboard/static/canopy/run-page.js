@@ -68,6 +68,14 @@ function setText(selector, value) {
   if (node) node.textContent = value;
 }
 
+const RESULT_WORDS = {
+  running: "Still running.",
+  succeeded: "Finished: it succeeded.",
+  failed: "Finished: it failed.",
+  cancelled: "Cancelled before it finished.",
+  lost: "Lost: its runner went away before it finished.",
+};
+
 function applyRun(run) {
   head.dataset.status = run.status;
   const chip = head.querySelector("[data-role=status]");
@@ -78,7 +86,13 @@ function applyRun(run) {
   cancelBadge.hidden = !run.cancelRequestedAt || TERMINAL.has(run.status);
   for (const key of ["status", "done", "cancelled", "hostInstanceId"]) {
     const dd = document.querySelector(`#identity [data-field="${key}"]`);
-    if (dd) dd.textContent = String(run[key]) || "—";
+    const value = run[key] === true ? "yes" : run[key] === false ? "no" : String(run[key] ?? "");
+    if (dd) dd.textContent = value || "—";
+  }
+  const summary = document.querySelector("[data-role=result-summary]");
+  if (summary && summary.dataset.status !== run.status) {
+    summary.dataset.status = run.status;
+    summary.textContent = RESULT_WORDS[run.status] || run.status;
   }
   const out = document.querySelector("[data-role=output-block]");
   out.hidden = !run.output;
@@ -131,7 +145,10 @@ function updateReport() {
 }
 if (report) setInterval(updateReport, 1000);
 
-subtree.addEventListener("change", refreshCounts);
+subtree.addEventListener("change", () => {
+  refreshCounts();
+  document.dispatchEvent(new CustomEvent("canopy:subtree-change"));
+});
 live.subscribeTree(runId, {
   onTree: (rows, info) => subtree.load(rows, info),
   onRows: (rows) => subtree.upsert(rows),

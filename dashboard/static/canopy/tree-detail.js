@@ -23,9 +23,6 @@ function show(detail) {
   q("task").title = detail.task || detail.runId;
   q("run-id").textContent = detail.runId;
   q("copy").dataset.copy = detail.runId;
-  const status = q("status");
-  status.className = `chip chip-${detail.status}`;
-  status.textContent = detail.status;
   q("profile").textContent = detail.profile || "—";
   q("runner").textContent = detail.runnerId;
   q("depth").textContent = String(detail.depth);
@@ -40,13 +37,23 @@ function show(detail) {
   const open = q("open");
   open.hidden = false;
   open.href = `/runs/${encodeURIComponent(detail.runId)}/`;
-  const actions = q("actions");
+  showStatus(detail.status);
+  pane.dataset.runId = detail.runId;
+}
+
+// Issue 38: a finished run offers no Cancel or Steer (they were only greyed out, and shown
+// until the next read).
+function showStatus(status) {
+  const chip = pane.querySelector("[data-role=status]");
+  chip.className = `chip chip-${status}`;
+  chip.textContent = status;
+  const actions = pane.querySelector("[data-role=actions]");
   if (actions) {
-    const terminal = detail.status !== "running";
+    const terminal = status !== "running";
+    actions.hidden = terminal;
     for (const control of actions.querySelectorAll("button, textarea")) control.disabled = terminal;
   }
-  pane.dataset.runId = detail.runId;
-  pane.dataset.status = detail.status;
+  pane.dataset.status = status;
 }
 
 async function load(runId) {
@@ -55,9 +62,11 @@ async function load(runId) {
   try {
     const answer = await fetch(`/api/runs/${encodeURIComponent(runId)}`, { credentials: "same-origin" });
     if (answer.ok && runId === current) {
-      // The task is not in the REST detail's Result; the tree row has it.
+      const detail = await answer.json();
+      // The tree's live row may be newer than this read (a finish that committed meanwhile).
       const row = window.canopyTree?.rows?.get(runId);
-      show({ ...(await answer.json()), task: row?.task || "" });
+      if (row && row.status !== "running") detail.status = row.status;
+      show(detail);
     }
   } catch {
     // Retried on the next tick.
@@ -95,6 +104,15 @@ async function act(path, body) {
 if (pane) {
   const view = window.canopyTree;
   view?.addEventListener("select", (event) => select(event.detail));
+  // The live socket's rows ring before the next read: a finish shows at once, then the
+  // detail (output, usage) is read again.
+  view?.addEventListener("change", () => {
+    const row = current && view.rows.get(current);
+    if (row && pane.dataset.runId === current && row.status !== pane.dataset.status) {
+      showStatus(row.status);
+      load(current);
+    }
+  });
   const wanted = new URL(location.href).searchParams.get("run");
   if (wanted && view) {
     const pick = () => {

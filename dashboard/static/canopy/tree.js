@@ -339,7 +339,12 @@ export class TreeView extends EventTarget {
       el("span", { class: "t-indent" }),
       el("button", { class: `t-caret${kids.length ? "" : " leaf"}`, type: "button", "aria-expanded": open ? "true" : "false", title: open ? "Collapse (x)" : "Expand (x)", "data-toggle": "1", tabindex: "-1" }, "▶"),
       el("span", { class: "t-dot", title: row.status }),
-      this.linkRuns ? el("a", { class: "t-link", href: `/runs/${encodeURIComponent(row.runId)}/`, title: row.runId, tabindex: "-1" }, row.runId) : el("span", { class: "t-link" }, row.runId),
+      // Issue 38: the task is the row's name and takes the space; the id is a short second
+      // mark (whole in its tooltip), so siblings read apart by what they do.
+      el("span", { class: "t-task", "data-role": "task", title: row.task || row.runId }, row.task || row.runId),
+      this.linkRuns
+        ? el("a", { class: "t-link", "data-role": "run-id", href: `/runs/${encodeURIComponent(row.runId)}/`, title: row.runId, tabindex: "-1" }, row.runId)
+        : el("span", { class: "t-link", "data-role": "run-id", title: row.runId }, row.runId),
       el("span", { class: "t-depth", title: "depth" }, `d${row.depth}`),
     );
     name.querySelector(".t-indent").style.width = `${rel * 18}px`;
@@ -349,7 +354,7 @@ export class TreeView extends EventTarget {
       name.append(el("span", { class: "t-hidden", title: `${hidden.length} runs hidden` }, `+${hidden.length}${running ? ` · ${running} running` : ""}`));
     }
     const status = el("span", {}, el("span", { class: `chip chip-${row.status}` }, row.status));
-    const duration = el("span", { class: "num mono", "data-role": "duration", "data-start": row.createdAt, "data-end": row.finishedAt || "" });
+    const duration = el("span", { class: "num mono t-duration", "data-role": "duration", "data-start": row.createdAt, "data-end": row.finishedAt || "" });
     if (this.mini) {
       node.replaceChildren(name, status, duration);
       return;
@@ -368,16 +373,16 @@ export class TreeView extends EventTarget {
     if (row.subPendingApprovals) markers.append(approvalMarker(row));
     // Issue 24: what the run concluded (SPEC §9 Conclusions).
     if (row.conclusionStatus) markers.append(el("span", { class: `mark mark-conclusion conclusion-${row.conclusionStatus}`, title: `concluded: ${row.conclusionStatus}`, "data-conclusion": row.conclusionStatus }, `${CONCLUSION_MARKS[row.conclusionStatus] || "•"} ${row.conclusionStatus}`));
+    // Cost and markers right after the status: with the side pane open they stay on screen.
     node.replaceChildren(
       name,
-      el("span", { class: "t-task", "data-role": "task", title: row.task || "" }, row.task || ""),
       status,
-      el("span", { class: "t-activity muted", "data-role": "activity", title: row.activity || "" }, row.activity || ""),
-      el("span", { class: "num mono", "data-role": "events" }, row.events),
-      duration,
-      el("span", { class: "num mono", "data-role": "cost", title: `${(row.usage || {}).tokens || 0} tokens in the subtree` }, `$${((row.usage || {}).costUsd || 0).toFixed(4)}`),
-      el("span", { class: "muted t-agent", title: `${row.profile || "—"} on ${row.runner}` }, row.profile || "—", el("span", { class: "mono" }, ` · ${row.runner}`)),
+      el("span", { class: "num mono t-cost", "data-role": "cost", title: `${(row.usage || {}).tokens || 0} tokens in the subtree` }, `$${((row.usage || {}).costUsd || 0).toFixed(4)}`),
       markers,
+      el("span", { class: "t-activity muted", "data-role": "activity", title: row.activity || "" }, row.activity || ""),
+      el("span", { class: "num mono t-events", "data-role": "events" }, row.events),
+      duration,
+      el("span", { class: "muted t-agent", title: `${row.profile || "—"} on ${row.runner}` }, row.profile || "—", el("span", { class: "mono" }, ` · ${row.runner}`)),
     );
   }
 

@@ -106,6 +106,12 @@ def test_it_exports_a_subtree_naming_each_run(as_, world):
     branch_lines = b"".join(branch.streaming_content).splitlines()
     branch_ids = {json.loads(line)["runId"] for line in branch_lines}
     assert branch_ids == {world.child["runId"], world.grandchild["runId"]}
+    # With usage, each run's closing record names it by its task (issue 38).
+    tail = api.get("/api/runs/root-1/export", {"subtree": "true", "usage": "true"})
+    records = [json.loads(line) for line in b"".join(tail.streaming_content).splitlines()]
+    tasks = {r["runId"]: r["task"] for r in records if r.get("record") == "usage"}
+    assert tasks.pop("root-1") == "" and len(tasks) == 4  # run.open sent no message
+    assert set(tasks.values()) == {"do the thing"}
 
 
 @pytest.mark.django_db

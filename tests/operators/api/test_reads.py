@@ -136,11 +136,17 @@ def test_it_shows_a_run_with_its_result_child_counts_and_lease(api, world):
         "running": 2, "succeeded": 1, "failed": 0, "cancelled": 0, "lost": 0, "total": 3,
     }  # fmt: skip
     assert body["lastSequence"] == 4 and body["rootRunId"] == "root-1"
+    assert body["task"] == ""  # run.open sent no message
 
     leased = api.get(f"/api/runs/{world.leased['runId']}").json()
     assert leased["lease"]["leaseId"] == "lease-1"
     assert leased["lease"]["id"] == world.lease_pk and leased["lease"]["live"] is True
     assert leased["parentRunId"] == "root-1" and leased["depth"] == 1
+    # The task names the run for a REST user as the dashboard does (issue 38), in the
+    # detail as in the list.
+    assert leased["task"] == "do the thing"
+    listed = api.get("/api/runs", {"parent": "root-1"}).json()["items"]
+    assert {item["task"] for item in listed} == {"do the thing"}
 
     done = api.get(f"/api/runs/{world.finished['runId']}").json()
     assert done["output"] == "all done" and done["done"] is True
