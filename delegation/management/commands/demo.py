@@ -91,25 +91,31 @@ class Command(BaseCommand):
         )
         _runner, token = tokens.create_runner(RUNNER_NAME)
         base = f"http://{reachable_host(opts['host'])}:{opts['port']}"
-        self.stdout.write("")
-        self.stdout.write(self.style.SUCCESS("Canopy demo"))
-        self.stdout.write(f"  dashboard : {base}/")
-        self.stdout.write(f"  admin     : {base}/admin/")
-        self.stdout.write(f"  user      : {opts['username']} (role admin)")
-        self.stdout.write(f"  password  : {password}   (shown once; rerun to get a new one)")
-        self.stdout.write(f"  runner    : {RUNNER_NAME} (token rotated)")
-        self.stdout.write("")
+
+        def welcome():
+            self.stdout.write("")
+            self.stdout.write(self.style.SUCCESS("Canopy demo"))
+            self.stdout.write(f"  dashboard : {base}/")
+            self.stdout.write(f"  admin     : {base}/admin/")
+            self.stdout.write(f"  user      : {opts['username']} (role admin)")
+            self.stdout.write(f"  password  : {password}   (shown once; rerun to get a new one)")
+            self.stdout.write(f"  runner    : {RUNNER_NAME} (token rotated)")
+            self.stdout.write("")
+
         if opts["no_serve"]:
+            welcome()
             if opts["print_token"]:
                 self.stdout.write(token)
             return
-        code = self.serve(token, opts)
+        # Printed once the server answers, after everything the install and the server's
+        # start printed (issue 38: 388 lines of install output scrolled the password away).
+        code = self.serve(token, opts, welcome)
         if code:
             raise SystemExit(code)
 
     # -- processes -----------------------------------------------------------------------
 
-    def serve(self, token: str, opts) -> int:
+    def serve(self, token: str, opts, welcome) -> int:
         # Server and demo runner started, watched and stopped together, in that order.
         host, port = opts["host"], opts["port"]
         if answers(host, port):
@@ -162,6 +168,7 @@ class Command(BaseCommand):
                 else (f"the demo runner (seed {seed})")
             )
             self.stdout.write(f"Serving on {host}:{port} with {what}. Ctrl-C stops both.")
+            welcome()
             while stop["signal"] is None:
                 if server.poll() is not None:
                     self.stderr.write(f"The server exited ({server.returncode}).")

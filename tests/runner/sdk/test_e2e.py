@@ -639,6 +639,10 @@ def test_it_serves_a_growing_demo_tree_and_stops_cleanly_on_ctrl_c():
             process.wait()
     assert process.returncode == 0, output
     assert "password" in output and "Stopping the demo runner" in output
+    # The sign-in block comes once the server answers, after whatever its start printed
+    # (issue 38: the install's output scrolled the one-time password away).
+    assert output.count("password  :") == 1
+    assert output.index("Serving on") < output.index("password  :")
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
     # The runner stopped first and reported its runs cancelled instead of leaving them open.
