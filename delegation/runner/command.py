@@ -132,6 +132,9 @@ class CommandEngine(PresetEngine):
     name = "command"
     preset_class = CommandPreset
     missing = "has no command here"
+    # SPEC §14: run.pause / run.resume stop and continue the agent's processes.
+    pause = staticmethod(proc.pause_run)
+    resume = staticmethod(proc.resume_run)
 
     def __init__(self, presets: list[CommandPreset], workspace: str, *, mcp=None):
         super().__init__(presets, workspace, mcp=mcp or run_token)
@@ -274,6 +277,8 @@ class CommandEngine(PresetEngine):
         )
         ctx.data["process"] = process
         ctx.data["pid"] = process.pid
+        if ctx.paused:
+            proc.pause(process)
         state = {
             "last_stderr": None,
             "format": make_format(preset.format),

@@ -231,8 +231,9 @@ def admit_child(parent: Run) -> Exhausted | None:
         if tally is None:
             continue
         run_id = tally["run__run_id"]
-        self_running = 1 if tally["run__status"] == RunStatus.RUNNING else 0
-        runs = sum(tally[c] for c in rollups.STATUS_COLUMNS.values()) - 1
+        # A paused run is live too (it counts in sub_running).
+        self_running = 1 if tally["run__status"] in (RunStatus.RUNNING, RunStatus.PAUSED) else 0
+        runs = sum(tally[c] for c in set(rollups.STATUS_COLUMNS.values())) - 1
         live = tally["sub_running"] - self_running
         tokens = tally["sub_tokens_in"] + tally["sub_tokens_out"]
         if budget.exceeded_at is not None:
@@ -323,7 +324,8 @@ def _usage_state(budget: Budget, rollup: RunRollup | None, run: Run, now) -> lis
     states = []
     tokens = (rollup.sub_tokens_in + rollup.sub_tokens_out) if rollup else 0
     cost = rollup.sub_cost_nanos if rollup else 0
-    seconds = (now - run.created_at).total_seconds()
+    # SPEC §14: time the budget's run spent paused does not count.
+    seconds = (now - run.created_at).total_seconds() - run.paused_for(now)
     for name, used, cap in (
         ("maxTokens", tokens, budget.max_tokens),
         ("maxCostUsd", cost, budget.max_cost_nanos),
@@ -470,10 +472,11 @@ def sweep_budgets(now=None) -> list[int]:
     now = now or timezone.now()
     rows = Budget.objects.filter(
         max_seconds__isnull=False, exceeded_at__isnull=True, run__rollup__sub_running__gt=0
-    ).values_list("run_id", "max_seconds", "warned_at", "run__created_at")
+    ).select_related("run")
     due = []
-    for pk, max_seconds, warned_at, created_at in rows:
-        elapsed = (now - created_at).total_seconds()
+    for budget in rows:
+        pk, max_seconds, warned_at = budget.run_id, budget.max_seconds, budget.warned_at
+        elapsed = (now - budget.run.created_at).total_seconds() - budget.run.paused_for(now)
         if elapsed >= max_seconds or (warned_at is None and elapsed >= WARN_FRACTION * max_seconds):
             due.append(pk)
     return enforce(due, now) if due else []
