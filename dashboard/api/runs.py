@@ -196,6 +196,7 @@ def get_run(request, runId: str):  # noqa: N803
         via=run.via,
         cancelRequestedAt=run.cancel_requested_at,
         cancelReason=run.cancel_reason,
+        agentSessionId=run.agent_session_id,
         pausedAt=run.paused_at,
         pauseReason=run.pause_reason,
         pausedSeconds=run.paused_for(now),

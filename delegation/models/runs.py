@@ -178,6 +178,9 @@ class Run(models.Model):
     paused_at = models.DateTimeField(null=True, blank=True)
     paused_seconds = models.FloatField(default=0.0, db_default=0.0)
     pause_reason = models.TextField(blank=True)
+    # SPEC §14: the agent's own session id (Claude Code's ``session_id``), from the runner's
+    # ``session`` event; what a fork of this run resumes.
+    agent_session_id = models.CharField(max_length=128, blank=True, db_default="")
     # A launch that started again from this run's preset, message and budget (relaunch).
     relaunched_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="relaunches"

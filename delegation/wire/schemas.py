@@ -164,6 +164,8 @@ class Profile(Strict):
     # SPEC §11: the approval policy every run of this preset starts with, checked by the
     # approvals service when the runner registers.
     approvals: dict[str, Any] = Field(default=None)
+    # SPEC §14: the runner says which presets can fork; absent means it cannot.
+    can_fork: bool = Field(default=None, alias="canFork")
 
     @field_validator("name")
     @classmethod

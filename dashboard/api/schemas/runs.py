@@ -277,6 +277,10 @@ class RunDetail(Schema):
     )
     cancelRequestedAt: datetime | None
     cancelReason: str
+    agentSessionId: str = Field(
+        description="SPEC §14: the agent's own session id (Claude Code's session_id), what a "
+        "fork of this run resumes; empty until the agent reports one"
+    )
     pausedAt: datetime | None = Field(
         description="SPEC §14: when the run was paused (null when not paused)"
     )
