@@ -8,7 +8,8 @@ import pytest
 from django.utils import timezone
 
 from delegation.models import AuditEntry, Budget, Command, Event, Run, RunRollup
-from delegation.services import budgets
+from delegation.services import budgets, run_tokens
+from delegation.wire import RunTokenParams
 
 pytestmark = pytest.mark.django_db
 
@@ -95,3 +96,14 @@ def test_it_does_not_count_paused_time_toward_max_seconds(api, world):
     Run.objects.filter(pk=root.pk).update(paused_at=timezone.now() - timedelta(seconds=5))
     assert budgets.sweep_budgets() == [root.pk]
     assert "budget-exceeded" in kinds(root.run_id)
+
+
+def test_it_keeps_a_paused_runs_token_alive_for_its_pending_calls(api, world):
+    child = world.child["runId"]
+    issued = run_tokens.issue_run_token(world.conn, RunTokenParams.model_validate({"runId": child}))
+    assert run_tokens.authenticate_run_token(issued["token"]).run_id == child
+    api.post(f"/api/runs/{child}/pause")
+    assert run_tokens.authenticate_run_token(issued["token"]).run_id == child
+    api.post(f"/api/runs/{child}/cancel")
+    Run.objects.filter(run_id=child).update(status="cancelled")
+    assert run_tokens.authenticate_run_token(issued["token"]) is None
