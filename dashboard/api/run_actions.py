@@ -10,6 +10,8 @@ from dashboard.api.schemas.runs import (
     CancelBody,
     CancelReport,
     LaunchBody,
+    PauseBody,
+    PauseReport,
     RelaunchBody,
     RunResult,
     SteerBody,
@@ -17,7 +19,7 @@ from dashboard.api.schemas.runs import (
 )
 from dashboard.api.schemas.usage import BudgetBody, BudgetOut
 from delegation import selectors
-from delegation.services import budgets, operator
+from delegation.services import budgets, operator, pause
 from delegation.services.launch import Launch, do_launch_run, do_relaunch_run
 
 
@@ -75,6 +77,44 @@ def cancel_run(request, runId: str, body: CancelBody = CancelBody()):  # noqa: N
     run = find_run(runId)
     body = body or CancelBody()
     return operator.do_cancel_run(actor_for(request), run, reason=body.reason, cascade=body.cascade)
+
+
+PAUSE_DOC = (
+    "Needs the operator role (a refusal is audited). SPEC §14, through the one pause service the "
+    "run page and the admin use: the runner gets `run.pause` and stops the agent's processes "
+    "(status `paused`, a `paused` event, no events until resumed; time paused does not count "
+    "toward `maxSeconds`; pending approvals keep waiting); `/resume` sends `run.resume` (status "
+    "`running`, a `resumed` event). With `subtree`, every live run below it too, each reported. "
+    "Idempotent; the body may be omitted."
+)
+
+
+@router.post(
+    "/runs/{runId}/pause",
+    response={200: PauseReport, **ACT},
+    summary="Pause a run (optionally its whole subtree)",
+    description=PAUSE_DOC,
+)
+@strict_query(NoParams)
+def pause_run(request, runId: str, body: PauseBody = PauseBody()):  # noqa: N803, B008
+    body = body or PauseBody()
+    return pause.do_pause_run(
+        actor_for(request), find_run(runId), reason=body.reason, subtree=body.subtree
+    )
+
+
+@router.post(
+    "/runs/{runId}/resume",
+    response={200: PauseReport, **ACT},
+    summary="Resume a paused run (optionally its whole subtree)",
+    description=PAUSE_DOC,
+)
+@strict_query(NoParams)
+def resume_run(request, runId: str, body: PauseBody = PauseBody()):  # noqa: N803, B008
+    body = body or PauseBody()
+    return pause.do_resume_run(
+        actor_for(request), find_run(runId), reason=body.reason, subtree=body.subtree
+    )
 
 
 @router.post(

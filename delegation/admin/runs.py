@@ -1,5 +1,5 @@
 """Runs and what hangs off them (sessions, events, budgets, rollups, steer receipts), with
-the cancel, steer and budget actions."""
+the cancel, pause/resume, steer and budget actions."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from delegation.models import Budget, Event, Run, RunRollup, Session, SteerRecei
 from delegation.protocol import MAX_STEER_BYTES
 from delegation.services.budgets import do_set_budget
 from delegation.services.operator import do_cancel_run, do_steer_run
+from delegation.services.pause import do_pause_run, do_resume_run
 from delegation.wire import BudgetLimits, utf8_len
 
 
@@ -43,6 +44,29 @@ def cancel_runs(modeladmin, request, queryset):
 @admin.action(description="Cancel selected runs and their whole subtrees", permissions=["operate"])
 def cancel_subtrees(modeladmin, request, queryset):
     _cancel(modeladmin, request, queryset, cascade=True)
+
+
+def _pause(modeladmin, request, queryset, action):
+    # SPEC §14 through the one pause service REST and the run page use; each subtree whole.
+    done, refused = [], []
+    for run in queryset:
+        try:
+            report = action(admin_actor(request), run, reason="from the admin", subtree=True)
+        except (PermissionRefused, RpcError) as exc:
+            refused.append(f"{run.run_id}: refused: {exc}")
+            continue
+        done.append(f"{run.run_id}: {report['outcome']} (+{len(report['descendants'])} below)")
+    report_outcomes(modeladmin, request, done, refused)
+
+
+@admin.action(description="Pause selected runs and their subtrees", permissions=["operate"])
+def pause_subtrees(modeladmin, request, queryset):
+    _pause(modeladmin, request, queryset, do_pause_run)
+
+
+@admin.action(description="Resume selected runs and their subtrees", permissions=["operate"])
+def resume_subtrees(modeladmin, request, queryset):
+    _pause(modeladmin, request, queryset, do_resume_run)
 
 
 class SteerForm(forms.Form):
@@ -171,7 +195,14 @@ class RunAdmin(RoleAdmin):
     )
     list_select_related = ("runner", "parent", "session", "rollup")
     date_hierarchy = "created_at"
-    actions = [cancel_runs, cancel_subtrees, steer_runs, set_budgets]
+    actions = [
+        cancel_runs,
+        cancel_subtrees,
+        pause_subtrees,
+        resume_subtrees,
+        steer_runs,
+        set_budgets,
+    ]
     readonly_fields = [f.name for f in Run._meta.fields]
     show_full_result_count = False
 

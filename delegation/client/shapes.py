@@ -19,6 +19,7 @@ class Preset:
     system_prompt: str = ""
     options: Mapping[str, Any] | None = None
     approvals: Mapping[str, Any] | None = None  # SPEC §11: the policy its runs start with
+    can_fork: bool = False  # SPEC §14: its engine can start a child as a fork of its parent
 
     def wire(self) -> dict:
         out: dict[str, Any] = {"name": self.name}
@@ -28,6 +29,8 @@ class Preset:
             out["options"] = dict(self.options)
         if self.approvals is not None:
             out["approvals"] = dict(self.approvals)
+        if self.can_fork:
+            out["canFork"] = True
         return out
 
 

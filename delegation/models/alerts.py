@@ -10,6 +10,7 @@ ALERT_KINDS = (
     "run-lost",
     "runner-lost",
     "approval-requested",
+    "budget-paused",
 )
 
 

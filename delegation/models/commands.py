@@ -69,6 +69,8 @@ class Command(models.Model):
         RUN_EXECUTE = "run.execute"
         RUN_CANCEL = "run.cancel"
         RUN_STEER = "run.steer"
+        RUN_PAUSE = "run.pause"
+        RUN_RESUME = "run.resume"
         LEASE_REVOKED = "lease.revoked"
         APPROVAL_DECIDED = "approval.decided"
         # SPEC §15: a hosted kodelet extension's tool, called through /mcp; answered with

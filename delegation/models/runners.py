@@ -97,6 +97,9 @@ class ExtensionPreset(models.Model):
     system_prompt = models.TextField(blank=True)
     # SPEC §11: the preset's approval policy {rules, default}, given to each run it starts.
     approvals = models.JSONField(null=True, blank=True)
+    # SPEC §14: whether the preset's engine can start a child from a copy of its parent's
+    # conversation (contextMode "fork"); one that cannot is refused at child.start.
+    can_fork = models.BooleanField(default=False, db_default=False)
     registered_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

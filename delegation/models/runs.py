@@ -8,6 +8,8 @@ from delegation.models.runners import Runner
 
 class RunStatus(models.TextChoices):
     RUNNING = "running", "Running"
+    # SPEC §14: stopped by an operator (or its budget) until resumed; live, not terminal.
+    PAUSED = "paused", "Paused"
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
     CANCELLED = "cancelled", "Cancelled"
@@ -171,6 +173,14 @@ class Run(models.Model):
     via = models.CharField(max_length=16, choices=RunVia.choices, default=RunVia.RUNNER)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancel_reason = models.TextField(blank=True)
+    # SPEC §14 pause: while paused, ``paused_at`` is when it stopped; ``paused_seconds`` is
+    # the time of every pause already ended, kept so maxSeconds counts only running time.
+    paused_at = models.DateTimeField(null=True, blank=True)
+    paused_seconds = models.FloatField(default=0.0, db_default=0.0)
+    pause_reason = models.TextField(blank=True)
+    # SPEC §14: the agent's own session id (Claude Code's ``session_id``), from the runner's
+    # ``session`` event; what a fork of this run resumes.
+    agent_session_id = models.CharField(max_length=128, blank=True, db_default="")
     # A launch that started again from this run's preset, message and budget (relaunch).
     relaunched_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="relaunches"
@@ -215,6 +225,11 @@ class Run(models.Model):
     @property
     def parent_run_id(self) -> str:
         return self.parent.run_id if self.parent_id else ""
+
+    def paused_for(self, now) -> float:
+        """Seconds this run has spent paused up to ``now``, the pause in course included."""
+        current = (now - self.paused_at).total_seconds() if self.paused_at else 0.0
+        return self.paused_seconds + max(current, 0.0)
 
 
 class Event(models.Model):

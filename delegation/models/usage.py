@@ -79,6 +79,8 @@ class Budget(models.Model):
     warned_at = models.DateTimeField(null=True, blank=True)
     exceeded_at = models.DateTimeField(null=True, blank=True, db_index=True)
     exceeded_reason = models.TextField(blank=True)
+    # SPEC §14: at a limit, "cancel" the subtree (the default) or "pause" it and ask.
+    on_limit = models.CharField(max_length=8, default="cancel", db_default="cancel")
     updated_at = models.DateTimeField(default=timezone.now)
 
     def __str__(self):

@@ -43,7 +43,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from delegation.client import ClientError, RpcError, event
+from delegation.runner import fork
 from delegation.runner import process as proc
+from delegation.runner.fork import ForkRefused
 from delegation.runner.formats import FORMATS, make_format, model_from_argv
 from delegation.runner.host import Outcome, RunContext
 from delegation.runner.mcpconfig import (
@@ -58,7 +60,7 @@ from delegation.runner.mcpconfig import (
     run_token,
 )
 from delegation.runner.presets import AgentPreset, PresetEngine, check_fields, confine
-from delegation.runner.sandbox import PrivateHome
+from delegation.runner.sandbox import PrivateHome, account
 
 log = logging.getLogger("canopy.runner.command")
 
@@ -132,6 +134,12 @@ class CommandEngine(PresetEngine):
     name = "command"
     preset_class = CommandPreset
     missing = "has no command here"
+    # SPEC §14: run.pause / run.resume stop and continue the agent's processes.
+    pause = staticmethod(proc.pause_run)
+    resume = staticmethod(proc.resume_run)
+
+    def can_fork(self, preset: CommandPreset) -> bool:
+        return fork.can_fork(preset)
 
     def __init__(self, presets: list[CommandPreset], workspace: str, *, mcp=None):
         super().__init__(presets, workspace, mcp=mcp or run_token)
@@ -256,6 +264,13 @@ class CommandEngine(PresetEngine):
         # the process and its reader, so they are driven here together.
         mcp_path = ctx.data.get("mcp_config_inside") or (config.path if config else "")
         argv = self.argv(ctx, preset, cwd, mcp_path)
+        ctx.data["private_home"], ctx.data["cwd"] = home, cwd
+        if fork.wants_fork(ctx):
+            try:
+                session = self._prepare_fork(ctx, preset, cwd, home)
+            except (ForkRefused, OSError) as exc:
+                return Outcome(error=str(exc))
+            argv = fork.fork_argv(argv, session)
         # One queue keeps stdout and stderr events (and the egress proxy's refusals) in
         # arrival order, and one sender batches them: a chatty agent does not cost one round
         # trip per line.
@@ -274,11 +289,15 @@ class CommandEngine(PresetEngine):
         )
         ctx.data["process"] = process
         ctx.data["pid"] = process.pid
+        if ctx.paused:
+            proc.pause(process)
         state = {
             "last_stderr": None,
             "format": make_format(preset.format),
             "secret": ctx.data.get("run_token"),
         }
+        # The format keeps the agent's session id (its init record): what a fork resumes.
+        ctx.data["format"] = state["format"]
         state["format"].model = model_from_argv(argv)
         if preset.steer_format == "none":
             # It reads no steers; an open stdin would make some CLIs (codex exec) wait on it.
@@ -331,6 +350,18 @@ class CommandEngine(PresetEngine):
         # The agent's own result record (or, for plain lines, its last text) and the exit
         # status make the outcome; see delegation.runner.formats.
         return state["format"].outcome(process.returncode, state["last_stderr"])
+
+    @staticmethod
+    def _prepare_fork(ctx: RunContext, preset: CommandPreset, cwd: str, home) -> str:
+        """The parent's session id, its transcript copied into this child's private HOME
+        (SPEC §14); ForkRefused when there is nothing to fork."""
+        if not fork.can_fork(preset):
+            raise ForkRefused(f"preset {preset.name} cannot fork")
+        session, parent_home, _parent_cwd = fork.parent_session(ctx)
+        if home is not None and parent_home is not None:
+            if not fork.copy_transcript(session, parent_home, home.path, cwd, account(preset)):
+                raise ForkRefused(f"contextMode fork: no transcript of session {session}")
+        return session
 
     async def _pump(self, reader, queue: asyncio.Queue, which: str, state: dict) -> None:
         while True:

@@ -11,6 +11,9 @@ subprocess). The host does everything around it, the same way for both engines:
   ``promptRequired`` when there is no running turn; idempotent by ``requestId``;
 - ``run.cancel`` → signal the execution; if it has not stopped by its grace period it is torn
   down; either way the run is finished with ``cancelled: true``;
+- ``run.pause`` / ``run.resume`` (SPEC §14) → the engine stops / continues the agent's
+  processes (its ``pause``/``resume`` hooks), and nothing the run emits goes out until it is
+  resumed (or cancelled); idempotent by ``runId``;
 - ``lease.revoked`` → acknowledged (the server cancels the lease's children itself);
 - every execution ends with exactly one ``run.finish``, retried across reconnects.
 
@@ -84,6 +87,8 @@ class RunContext:
     cwd: str | None = None
     steers: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel_event: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set while the run is not paused (SPEC §14); emit waits on it.
+    running: asyncio.Event = field(default_factory=asyncio.Event)
     cancel_reason: str = ""
     steer_ids: dict[str, str] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
@@ -94,15 +99,37 @@ class RunContext:
     def client(self) -> RunnerClient:
         return self.host.client
 
+    def __post_init__(self) -> None:
+        self.running.set()
+
     @property
     def cancelled(self) -> bool:
         return self.cancel_event.is_set()
+
+    @property
+    def paused(self) -> bool:
+        return not self.running.is_set()
+
+    async def wait_running(self) -> None:
+        """Return once the run is not paused, or is cancelled (a cancel ends a pause)."""
+        if self.running.is_set() or self.cancelled:
+            return
+        cancelled = asyncio.ensure_future(self.cancel_event.wait())
+        resumed = asyncio.ensure_future(self.running.wait())
+        try:
+            await asyncio.wait({cancelled, resumed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cancelled.cancel()
+            resumed.cancel()
 
     @property
     def stream(self):
         return self.client.stream(self.run_id)
 
     async def emit(self, *events: Mapping[str, Any]):
+        # A paused run emits nothing (SPEC §14): what its agent said just before it stopped
+        # goes out once it is resumed.
+        await self.wait_running()
         return await self.stream.emit(*events)
 
     def append(self, *events: Mapping[str, Any]) -> None:
@@ -246,6 +273,8 @@ class RunnerHost:
         self.client.on("run.cancel", self._on_cancel)
         self.client.on("run.steer", self._on_steer)
         self.client.on("lease.revoked", self._on_lease_revoked)
+        self.client.on("run.pause", self._on_pause)
+        self.client.on("run.resume", self._on_resume)
         # approvalId -> the decision's future; decisions arrive as commands (SPEC §11).
         self.approvals: dict[str, asyncio.Future] = {}
         self.client.on("approval.decided", self._on_approval_decided)
@@ -418,6 +447,26 @@ class RunnerHost:
         future = self.approval_future(str(params.get("approvalId", "")))
         if not future.done():
             future.set_result(dict(params))
+        return {}
+
+    async def _on_pause(self, params: dict, client: RunnerClient) -> dict:
+        ctx = self.runs.get(params.get("runId", ""))
+        if ctx is not None and not ctx.finished and not ctx.paused:
+            ctx.running.clear()
+            hook = getattr(self.engine, "pause", None)
+            if hook is not None:
+                hook(ctx)
+            log.info("run %s paused: %s", ctx.run_id, params.get("reason", ""))
+        return {}
+
+    async def _on_resume(self, params: dict, client: RunnerClient) -> dict:
+        ctx = self.runs.get(params.get("runId", ""))
+        if ctx is not None and ctx.paused:
+            hook = getattr(self.engine, "resume", None)
+            if hook is not None:
+                hook(ctx)
+            ctx.running.set()
+            log.info("run %s resumed", ctx.run_id)
         return {}
 
     async def _on_lease_revoked(self, params: dict, client: RunnerClient) -> dict:

@@ -357,9 +357,15 @@ class PresetEngine:
                 p.system_prompt,
                 dict(p.options) if p.options else None,
                 approvals=dict(p.approvals) if p.approvals is not None else None,
+                can_fork=self.can_fork(p),
             )
             for p in self.presets_by_name.values()
         ]
+
+    def can_fork(self, preset: AgentPreset) -> bool:
+        """SPEC §14: whether a child of this preset can start as a fork of its parent's agent
+        conversation; the server refuses ``contextMode: "fork"`` for a preset that cannot."""
+        return False
 
     def check(self, command, host) -> None:
         preset = self.presets_by_name.get(command.preset.name)

@@ -8,6 +8,7 @@
   with pipes, in its sandbox (:mod:`delegation.runner.sandbox`) unless the preset says
   ``"sandbox": "none"``, as the preset's account if it names one;
 - :func:`terminate` / :func:`stop`: SIGTERM to the group, SIGKILL after the grace;
+- :func:`pause` / :func:`resume`: SIGSTOP / SIGCONT to the group (SPEC §14);
 - :func:`send_batches`: one sender per child that batches queued events into one emit.
 """
 
@@ -185,15 +186,47 @@ def members(pgid: int) -> list[int]:
     return out
 
 
-def polite_stop(process) -> None:
-    """SIGTERM for the agent: its whole group, or, in a sandbox, all of it but bwrap."""
+def signal_agent(process, sig: int) -> None:
+    """``sig`` to the agent: its whole group, or, in a sandbox, all of it but bwrap (which
+    would take its sandbox down with SIGKILL on a SIGTERM, and must stay able to reap)."""
     if not getattr(process, "sandboxed", False):
-        kill_group(process.pid, signal.SIGTERM)
+        kill_group(process.pid, sig)
         return
     for pid in members(process.pid):
         if pid != process.pid:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, sig)
+
+
+def polite_stop(process) -> None:
+    """SIGTERM for the agent; then SIGCONT, so a paused agent (SPEC §14) gets it too."""
+    signal_agent(process, signal.SIGTERM)
+    signal_agent(process, signal.SIGCONT)
+
+
+def pause(process) -> None:
+    """SPEC §14 ``run.pause``: every process of the agent stopped (state T)."""
+    if process.returncode is None:
+        signal_agent(process, signal.SIGSTOP)
+
+
+def resume(process) -> None:
+    if process.returncode is None:
+        signal_agent(process, signal.SIGCONT)
+
+
+# The engines' ``pause``/``resume`` hooks (the host calls them on run.pause / run.resume):
+# the run's agent process, once spawned; one spawned while paused is stopped at once.
+def pause_run(ctx) -> None:
+    process = ctx.data.get("process")
+    if process is not None:
+        pause(process)
+
+
+def resume_run(ctx) -> None:
+    process = ctx.data.get("process")
+    if process is not None:
+        resume(process)
 
 
 async def terminate(process, grace: float) -> None:

@@ -25,7 +25,7 @@ def leases_matching(
         leases = leases.filter(alive) if live else leases.exclude(alive)
     return leases.annotate(
         childCount=Count("children"),
-        liveChildCount=Count("children", filter=Q(children__status="running")),
+        liveChildCount=Count("children", filter=Q(children__status__in=("running", "paused"))),
     ).values(
         "pk",
         "state",

@@ -162,7 +162,7 @@ def pop_usage(row: dict, created_at, finished_at, status: str, now=None) -> tupl
     usage = usage_shape(rollup, created_at, finished_at, now)
     if not has_budget:
         return usage, None
-    budget["self_running"] = status == "running"
+    budget["self_running"] = status in ("running", "paused")  # a paused run is live
     return usage, budget_shape(budget, usage, created_at, now)
 
 
@@ -200,7 +200,7 @@ def usage_of_run(run, now=None) -> tuple[dict, dict | None]:
     if budget is None:
         return usage, None
     budget_row = {name: getattr(budget, name) for name in _BUDGET}
-    budget_row["self_running"] = run.status == "running"
+    budget_row["self_running"] = run.status in ("running", "paused")
     return usage, budget_shape(budget_row, usage, run.created_at, now)
 
 

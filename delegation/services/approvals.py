@@ -294,6 +294,11 @@ def do_decide_approval(
     return approval
 
 
+# What an approval that is no agent's tool use does once decided, by kind (SPEC §14: a
+# budget's "raise and resume, or cancel"); registered by the services above this one.
+DECISION_HOOKS: dict = {}
+
+
 def _decide_by_operator(actor, approval, run, rule_run, decision, message, updated_input, scope):
     """The decision, its "allow always" rule and its audit entry (all under the locks)."""
     by = f"operator:{actor.user.get_username()}" if actor.user is not None else actor.label
@@ -308,6 +313,9 @@ def _decide_by_operator(actor, approval, run, rule_run, decision, message, updat
     )
     if rule_run is not None:
         _add_rule(rule_run, allow_always_rule(approval.tool_name, approval.input))
+    hook = DECISION_HOOKS.get(approval.kind) if approval.via == approval.kind else None
+    if hook is not None:
+        hook(actor, approval, run, decision, updated_input)
     audit(
         actor,
         "approve",

@@ -25,13 +25,14 @@ from django.utils import timezone
 from delegation.errors import BUDGET_EXHAUSTED, INVALID_PARAMS, RpcError
 from delegation.models import AuditEntry, Budget, Event, Run, RunRollup, RunStatus
 from delegation.selectors import live_descendants
-from delegation.services import alerts, rollups
+from delegation.services import alerts, approvals, budget_pause, rollups
 from delegation.services.audit import audit, require_operator
 from delegation.services.base import lock_run, store_server_event
 from delegation.services.identity import Actor
 from delegation.services.locks import retry_conflicts
 from delegation.services.operator import request_cancel
-from delegation.wire import BudgetLimits
+from delegation.services.pause import request_resume
+from delegation.wire import BudgetLimits, parse_model
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ def limits_of(limits: BudgetLimits) -> dict[str, int]:
     """The limits a wire budget sets, as model columns (costs in nano-dollars)."""
     out = {}
     for name, value in limits.wire().items():
+        if name not in COLUMNS:
+            continue  # onLimit: not a limit (see on_limit_of)
         out[COLUMNS[name]] = rollups.cost_nanos(value) if name == "maxCostUsd" else value
     return out
 
@@ -71,6 +74,7 @@ def budget_wire(budget: Budget | None) -> dict | None:
         "warnedAt": budget.warned_at,
         "exceededAt": budget.exceeded_at,
         "exceededReason": budget.exceeded_reason,
+        "onLimit": budget.on_limit,
     }
 
 
@@ -110,11 +114,15 @@ def set_runner_budget(run: Run, limits: BudgetLimits, where: str, runner_label: 
                 )
         for column, value in wanted.items():
             setattr(existing, column, value)
+        if limits.on_limit is not None:
+            existing.on_limit = limits.on_limit
         existing.set_by = runner_label
         existing.updated_at = timezone.now()
         existing.save()
         return existing
-    budget = Budget.objects.create(run=run, set_by=runner_label, **wanted)
+    budget = Budget.objects.create(
+        run=run, set_by=runner_label, on_limit=limits.on_limit or "cancel", **wanted
+    )
     RunRollup.objects.filter(pk=run.pk).update(budgeted=True)
     return budget
 
@@ -122,7 +130,9 @@ def set_runner_budget(run: Run, limits: BudgetLimits, where: str, runner_label: 
 def launch_budget(run: Run, limits: BudgetLimits, actor: Actor) -> Budget:
     """The budget an operator sets when launching ``run`` (a new top-level run: no ancestor
     budget to respect). The caller holds the operator role and the launch's transaction."""
-    budget = Budget.objects.create(run=run, set_by=actor.label, **limits_of(limits))
+    budget = Budget.objects.create(
+        run=run, set_by=actor.label, on_limit=limits.on_limit or "cancel", **limits_of(limits)
+    )
     RunRollup.objects.filter(pk=run.pk).update(budgeted=True)
     return budget
 
@@ -159,6 +169,8 @@ def do_set_budget(actor: Actor, run: Run, limits: BudgetLimits, *, replace: bool
         for column in COLUMNS.values():
             if replace or column in wanted:
                 setattr(budget, column, wanted.get(column))
+        if limits.on_limit is not None or replace:
+            budget.on_limit = limits.on_limit or "cancel"
         budget.set_by = actor.label
         budget.warned_at = None
         budget.exceeded_at = None
@@ -231,8 +243,9 @@ def admit_child(parent: Run) -> Exhausted | None:
         if tally is None:
             continue
         run_id = tally["run__run_id"]
-        self_running = 1 if tally["run__status"] == RunStatus.RUNNING else 0
-        runs = sum(tally[c] for c in rollups.STATUS_COLUMNS.values()) - 1
+        # A paused run is live too (it counts in sub_running).
+        self_running = 1 if tally["run__status"] in (RunStatus.RUNNING, RunStatus.PAUSED) else 0
+        runs = sum(tally[c] for c in set(rollups.STATUS_COLUMNS.values())) - 1
         live = tally["sub_running"] - self_running
         tokens = tally["sub_tokens_in"] + tally["sub_tokens_out"]
         if budget.exceeded_at is not None:
@@ -323,7 +336,8 @@ def _usage_state(budget: Budget, rollup: RunRollup | None, run: Run, now) -> lis
     states = []
     tokens = (rollup.sub_tokens_in + rollup.sub_tokens_out) if rollup else 0
     cost = rollup.sub_cost_nanos if rollup else 0
-    seconds = (now - run.created_at).total_seconds()
+    # SPEC §14: time the budget's run spent paused does not count.
+    seconds = (now - run.created_at).total_seconds() - run.paused_for(now)
     for name, used, cap in (
         ("maxTokens", tokens, budget.max_tokens),
         ("maxCostUsd", cost, budget.max_cost_nanos),
@@ -424,7 +438,10 @@ def _exceed(run: Run, budget: Budget, rollup, name: str, used, cap, *, now) -> N
             "costUsd": _in_dollars("maxCostUsd", rollup.sub_cost_nanos if rollup else 0),
         },
     )
-    _stop_subtree(run, reason)
+    if budget.on_limit == "pause":
+        budget_pause.pause_at_limit(run, budget, reason, name, used, cap)
+    else:
+        _stop_subtree(run, reason)
     Budget.objects.filter(pk=budget.pk).update(
         exceeded_at=now, exceeded_reason=reason, updated_at=now
     )
@@ -464,16 +481,44 @@ def _stop_subtree(run: Run, reason: str) -> None:
     )
 
 
+def _budget_decided(actor: Actor, approval, run: Run, decision: str, updated_input) -> None:
+    """SPEC §14: allowing a budget's approval raises its limits (``updatedInput.limits``)
+    and resumes the subtree; denying it cancels the subtree. Under the decision's locks."""
+    budget = Budget.objects.select_for_update().get(run=run)
+    if decision != "allow":
+        _stop_subtree(
+            run, f"{budget.exceeded_reason or 'budget exceeded'}; cancelled by {actor.label}"
+        )
+        return
+    raw = updated_input.get("limits") if isinstance(updated_input, dict) else None
+    if raw is not None:
+        for column, value in limits_of(
+            parse_model(BudgetLimits, raw, "updatedInput.limits")
+        ).items():
+            setattr(budget, column, value)
+    budget.warned_at = budget.exceeded_at = None
+    budget.exceeded_reason = ""
+    budget.set_by = actor.label
+    budget.updated_at = timezone.now()
+    budget.save()
+    for each in [run, *live_descendants(run)]:
+        request_resume(actor, each)
+
+
+approvals.DECISION_HOOKS[budget_pause.KIND] = _budget_decided
+
+
 def sweep_budgets(now=None) -> list[int]:
     """The upkeep's share: budgets whose time is at 80% or past ``maxSeconds`` (usage limits
     are enforced as usage commits). Returns the budget runs stopped."""
     now = now or timezone.now()
     rows = Budget.objects.filter(
         max_seconds__isnull=False, exceeded_at__isnull=True, run__rollup__sub_running__gt=0
-    ).values_list("run_id", "max_seconds", "warned_at", "run__created_at")
+    ).select_related("run")
     due = []
-    for pk, max_seconds, warned_at, created_at in rows:
-        elapsed = (now - created_at).total_seconds()
+    for budget in rows:
+        pk, max_seconds, warned_at = budget.run_id, budget.max_seconds, budget.warned_at
+        elapsed = (now - budget.run.created_at).total_seconds() - budget.run.paused_for(now)
         if elapsed >= max_seconds or (warned_at is None and elapsed >= WARN_FRACTION * max_seconds):
             due.append(pk)
     return enforce(due, now) if due else []

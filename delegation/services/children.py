@@ -313,6 +313,9 @@ def check_start_request(caller: Caller, params: Params) -> _Start:
             f"execution preset absent or stale: {params.extension_id}/{request.profile} "
             f"generation {params.generation}",
         )
+    if request.mode == "fork" and not preset.can_fork:
+        # SPEC §14: never a silent fresh start; refused before anything is stored.
+        raise RpcError(PRESET_STALE, f"preset {request.profile} cannot fork")
     if request.lease_id != params.lease_id:
         raise RpcError(
             INVALID_PARAMS,

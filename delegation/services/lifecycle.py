@@ -136,6 +136,10 @@ def mark_finished(run: Run, status: str, *, error: str = "", output: str | None 
     """Every terminal transition goes through here, and so reaches the rollups (run the caller
     inside ``rollups.batch()`` when it locks other runs afterwards) and the alerts."""
     old = run.status
+    if run.paused_at is not None:
+        # Ended while paused (a cancel, a lost runner): its last pause ends here.
+        run.paused_seconds = run.paused_for(timezone.now())
+        run.paused_at = None
     run.status = status
     run.done = True
     run.cancelled = status == RunStatus.CANCELLED
@@ -153,6 +157,8 @@ def mark_finished(run: Run, status: str, *, error: str = "", output: str | None 
             "output",
             "finished_at",
             "updated_at",
+            "paused_seconds",
+            "paused_at",
         ]
     )
     rollups.status_changed(run, old, status)

@@ -26,6 +26,9 @@ NANOS_PER_USD = 1_000_000_000
 
 STATUS_COLUMNS = {
     RunStatus.RUNNING: "sub_running",
+    # A paused run is live (SPEC §14): it counts with the running ones, so a pause or a
+    # resume changes no rollup and maxLive still holds its place.
+    RunStatus.PAUSED: "sub_running",
     RunStatus.SUCCEEDED: "sub_succeeded",
     RunStatus.FAILED: "sub_failed",
     RunStatus.CANCELLED: "sub_cancelled",

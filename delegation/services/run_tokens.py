@@ -87,7 +87,9 @@ def authenticate_run_token(token: str) -> RunCaller | None:
         return None
     run, runner = found.run, found.run.runner
     if (
-        run.status != RunStatus.RUNNING
+        # A paused run is live (SPEC §14): its agent's pending calls (a wait on a child)
+        # carry on once it is resumed, rather than failing while it is stopped.
+        run.status not in (RunStatus.RUNNING, RunStatus.PAUSED)
         or found.expires_at <= timezone.now()
         or runner.revoked_at is not None
         or runner.token_hash != found.runner_token_hash

@@ -91,6 +91,7 @@ def register(conn: Connection, params: RegisterParams) -> tuple[dict, int, str]:
                 options=preset.options.wire() if preset.options is not None else {},
                 system_prompt=preset.system_prompt,
                 approvals=policies.get((ext.extension_id, preset.name)),
+                can_fork=bool(preset.can_fork),
             )
             for ext in params.extensions
             for preset in ext.presets

@@ -36,6 +36,7 @@ from delegation.wire import (
     parse_model,
     truncate_utf8,
     utf8_len,
+    valid_id,
 )
 
 
@@ -333,6 +334,18 @@ def _check_append(
     return run, replayed
 
 
+def agent_session_of(event) -> str:
+    """The agent's session id a ``session`` event carries (``input.sessionId``, as the
+    engines report Claude Code's ``init``), when it is a ValidID; else ""."""
+    if event.kind != "session" or not isinstance(event.input, dict):
+        return ""
+    value = event.input.get("sessionId")
+    try:
+        return valid_id(value, "sessionId") if isinstance(value, str) else ""
+    except ValueError:
+        return ""
+
+
 def _store_append(
     params: RunEventParams, rows, usages, run: Run, replayed: int, pending=None
 ) -> tuple[dict, list[int]]:
@@ -363,6 +376,12 @@ def _store_append(
                 run.output = event.text
                 if "output" not in fields:
                     fields.append("output")
+            session = agent_session_of(event)
+            if session:
+                # SPEC §14: the agent's session id, what a fork of this run resumes.
+                run.agent_session_id = session
+                if "agent_session_id" not in fields:
+                    fields.append("agent_session_id")
         activity = activity_of(fresh)
         if activity is not None:
             run.activity = activity

@@ -153,6 +153,8 @@ class BudgetLimits(Strict):
     max_tokens: Count = Field(default=None, alias="maxTokens")
     max_cost_usd: Money = Field(default=None, alias="maxCostUsd")
     max_seconds: Annotated[int, Field(gt=0, le=10**12)] = Field(default=None, alias="maxSeconds")
+    # SPEC §14: what the limit does when crossed (absent: "cancel", or what is set already).
+    on_limit: Literal["cancel", "pause"] = Field(default=None, alias="onLimit")
 
 
 class Profile(Strict):
@@ -164,6 +166,8 @@ class Profile(Strict):
     # SPEC §11: the approval policy every run of this preset starts with, checked by the
     # approvals service when the runner registers.
     approvals: dict[str, Any] = Field(default=None)
+    # SPEC §14: the runner says which presets can fork; absent means it cannot.
+    can_fork: bool = Field(default=None, alias="canFork")
 
     @field_validator("name")
     @classmethod

@@ -4,7 +4,13 @@ caps, resume, fork, cwd confinement and options narrowing, through real frames."
 import pytest
 
 from delegation.models import Command, Run, Session
-from tests.support.rpc import DEFAULT_EXTENSION, RESULT_KEYS, adb, create_runner_async
+from tests.support.rpc import (
+    DEFAULT_EXTENSION,
+    FORKING_EXTENSION,
+    RESULT_KEYS,
+    adb,
+    create_runner_async,
+)
 from tests.support.state import assert_all_refused, state
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -468,7 +474,13 @@ async def test_it_answers_a_replay_after_the_child_finished(runner):
     assert again["done"] is True and again["output"] == "ok"
 
 
-async def test_it_refuses_a_reused_request_id_with_different_input(runner):
+@pytest.fixture
+async def forking(runner_token, make_client):
+    return await make_client(runner_token, extensions=[FORKING_EXTENSION])
+
+
+async def test_it_refuses_a_reused_request_id_with_different_input(forking):
+    runner = forking
     await runner.open("root-1")
     await runner.start()
     changes = [
@@ -676,7 +688,8 @@ async def test_it_refuses_resume_with_fork(runner):
 @pytest.mark.parametrize(
     "mode, stored", [("fork", "fork"), ("fresh", "fresh"), ("", "fresh"), (None, "fresh")]
 )
-async def test_it_records_the_context_mode(runner, mode, stored):
+async def test_it_records_the_context_mode(forking, mode, stored):
+    runner = forking
     await runner.open("root-1")
     kw = {} if mode is None else {"contextMode": mode}
     child = await runner.start(**kw)
@@ -689,7 +702,8 @@ async def test_it_records_the_context_mode(runner, mode, stored):
         assert "contextMode" not in execute["params"]["request"]
 
 
-async def test_it_starts_a_fork_as_a_new_session(runner):
+async def test_it_starts_a_fork_as_a_new_session(forking):
+    runner = forking
     await runner.open("root-1")
     fork = await runner.start(contextMode="fork")
     assert fork["depth"] == 1

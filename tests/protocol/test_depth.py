@@ -6,7 +6,7 @@ Also run.open's Result (SPEC §6 Result: every field always present).
 import pytest
 
 from delegation.models import Command, Event, Run, Session
-from tests.support.rpc import RESULT_KEYS, adb
+from tests.support.rpc import FORKING_EXTENSION, RESULT_KEYS, adb
 from tests.support.state import state
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -283,7 +283,10 @@ async def test_it_sends_child_execute_with_the_derived_depth(runner):
 # --- resume and fork are capped too ----------------------------------------------------------
 
 
-async def test_it_caps_resume_and_fork_when_the_parent_may_no_longer_spawn(runner, settings):
+async def test_it_caps_resume_and_fork_when_the_parent_may_no_longer_spawn(
+    runner_token, make_client, settings
+):
+    runner = await make_client(runner_token, extensions=[FORKING_EXTENSION])
     settings.DELEGATION_MAX_DEPTH = 3
     await runner.open("root-1", _meta={META: 2})
     child = await runner.start()

@@ -299,6 +299,13 @@ DEFAULT_EXTENSION = {
 }
 
 
+# The default presets, each able to fork (SPEC §14: canFork on registration).
+FORKING_EXTENSION = {
+    **DEFAULT_EXTENSION,
+    "presets": [{**p, "canFork": True} for p in DEFAULT_EXTENSION["presets"]],
+}
+
+
 def application():
     from canopy.asgi import application as app
 

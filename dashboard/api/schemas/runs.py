@@ -280,6 +280,18 @@ class RunDetail(Schema):
     )
     cancelRequestedAt: datetime | None
     cancelReason: str
+    agentSessionId: str = Field(
+        description="SPEC §14: the agent's own session id (Claude Code's session_id), what a "
+        "fork of this run resumes; empty until the agent reports one"
+    )
+    pausedAt: datetime | None = Field(
+        description="SPEC §14: when the run was paused (null when not paused)"
+    )
+    pauseReason: str = Field(description="Why the current or last pause was asked for")
+    pausedSeconds: float = Field(
+        description="Time spent paused (every pause, the current one included); it does not "
+        "count toward maxSeconds"
+    )
     relaunchedFrom: str | None = Field(  # noqa: N815
         description="The runId this run was relaunched from (null when it was not)"
     )
@@ -308,6 +320,35 @@ class CancelledDescendant(Schema):
     runId: str
     depth: int
     outcome: str = Field(description="requested | already-requested | already-finished")
+
+
+class PauseBody(Strict):
+    """Pause or resume a run (SPEC §14); with `subtree`, every live run below it too."""
+
+    subtree: bool = Field(
+        default=False, description="Also every live run below it, reporting each."
+    )
+    reason: str = Field(
+        default="",
+        max_length=2000,
+        description="Why; recorded on the `paused` event and in the audit log.",
+        json_schema_extra={"pattern": NO_NUL},
+    )
+
+
+class PausedRun(Schema):
+    runId: str
+    depth: int
+    outcome: str = Field(
+        description="pause: paused | already-paused | cancel-requested | already-finished; "
+        "resume: resumed | not-paused | already-finished"
+    )
+
+
+class PauseReport(Schema):
+    runId: str
+    outcome: str = Field(description="As for each descendant")
+    descendants: list[PausedRun]
 
 
 class CancelReport(Schema):

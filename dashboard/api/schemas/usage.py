@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from ninja import Schema
 from pydantic import BeforeValidator, Field, field_validator
@@ -95,6 +95,12 @@ class BudgetLimitsBody(Strict):
     max_cost_usd: float = Field(default=None, ge=0, le=1e9, allow_inf_nan=False, alias="maxCostUsd")
     max_seconds: Annotated[int, Field(ge=1, le=10**12), BeforeValidator(_integral)] = Field(
         default=None, alias="maxSeconds"
+    )
+    on_limit: Literal["cancel", "pause"] = Field(
+        default=None,
+        alias="onLimit",
+        description='SPEC §14: at a limit, "cancel" the subtree (the default) or "pause" it '
+        "and ask in the approvals inbox (an approval of kind budget)",
     )
 
     def limits(self) -> BudgetLimits:

@@ -35,6 +35,9 @@ class AcpEngine(PresetEngine):
     name = "acp"
     preset_class = AcpPreset
     missing = "has no ACP agent here"
+    # SPEC §14: run.pause / run.resume stop and continue the agent's processes.
+    pause = staticmethod(proc.pause_run)
+    resume = staticmethod(proc.resume_run)
 
     def __init__(self, presets: list[AcpPreset], workspace: str, *, mcp: McpProvider | None = None):
         super().__init__(presets, workspace, mcp=mcp)
@@ -118,6 +121,8 @@ class AcpEngine(PresetEngine):
         )
         ctx.data["process"] = process
         ctx.data["pid"] = process.pid
+        if ctx.paused:
+            proc.pause(process)
         ctx.data["acp_done"] = False
         session = Session(ctx, preset, queue)
         ctx.data["acp_session"] = session

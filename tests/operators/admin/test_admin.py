@@ -86,6 +86,25 @@ async def test_it_cancels_a_subtree_from_the_admin_with_an_audit_entry(runner, o
     await settle(runner)
 
 
+async def test_it_pauses_and_resumes_a_subtree_from_the_admin(runner, operator_client):
+    child, grandchild = await make_runs(runner)
+
+    def act(name, verb):
+        pk = Run.objects.get(run_id=child).pk
+        response = action(operator_client, "run", name, [pk])
+        assert f"{child}: {verb} (+1 below)" in response.content.decode().lower()
+        entry = AuditEntry.objects.get(action=name.replace("_subtrees", "-subtree"))
+        assert entry.via == "admin" and entry.target_id == child and entry.outcome == verb
+        return Run.objects.get(run_id=grandchild).status
+
+    assert await database_sync_to_async(act)("pause_subtrees", "paused") == "paused"
+    command = await runner.wait_command("run.pause", runId=grandchild)
+    assert command["params"]["reason"] == "from the admin"
+    assert await database_sync_to_async(act)("resume_subtrees", "resumed") == "running"
+    await runner.wait_command("run.resume", runId=grandchild)
+    await settle(runner)
+
+
 async def test_it_steers_through_the_intermediate_form_and_audits_it(runner, operator_client):
     child, _ = await make_runs(runner)
 

@@ -101,7 +101,7 @@ def test_it_refuses_bad_query_strings_naming_the_parameter(api, world):
         "/api/runs?depth=%201": "depth",
         "/api/runs?limit=0": "limit",
         "/api/runs?limit=1001": "limit",
-        "/api/runs?status=paused": "status",
+        "/api/runs?status=sleeping": "status",
         "/api/runs?cursor=nope": "cursor",
         "/api/runs?cursor=s1f": "cursor",  # a sessions cursor is not a runs cursor
         "/api/runs?created_after=yesterday": "created_after",

@@ -131,3 +131,31 @@ async def test_it_streams_a_compact_snapshot_in_chunks_and_rows_after_it(runner,
     )
     check_frames(frames + rows)
     await ws.disconnect()
+
+
+async def test_it_shows_a_paused_run_on_its_tree_row_live(runner, operator):
+    # SPEC §14: status paused reaches the live tree rows, and running again after a resume.
+    from delegation.services import pause
+    from delegation.services.identity import Actor
+
+    await runner.open("root-1")
+    kid = (await runner.start(request_id="req-p", message="task p"))["runId"]
+    ws = await operator_socket(operator)
+    await ws.send_json_to({"type": "subscribe", "treeId": "root-1"})
+    first = await until(ws, lambda f: f["type"] == "tree" and not f["more"])
+    assert _row(first, kid)["status"] == "running"
+    actor = Actor.for_user(operator, "dashboard")
+    run = await database_sync_to_async(models.Run.objects.get)(run_id=kid)
+
+    def row_is(status):
+        return lambda f: (
+            f["type"] == "rows"
+            and any(r["runId"] == kid and r["status"] == status for r in f["runs"])
+        )
+
+    await database_sync_to_async(pause.do_pause_run)(actor, run, reason="hold")
+    paused = await until(ws, row_is("paused"))
+    await database_sync_to_async(pause.do_resume_run)(actor, run)
+    resumed = await until(ws, row_is("running"))
+    check_frames(first + paused + resumed)
+    await ws.disconnect()

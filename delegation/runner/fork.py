@@ -1,0 +1,108 @@
+"""``contextMode: "fork"`` for Claude Code (SPEC §14): a child that starts from a copy of its
+live parent's agent conversation.
+
+Claude Code forks with ``--resume <session> --fork-session``: it reads the parent's
+transcript (``~/.claude/projects/<cwd>/<session>.jsonl``) and continues it under a new
+session id, leaving the parent's alone. The parent runs on this runner (a child always runs
+on its parent's runner), so its session id is the one its own ``init`` record reported.
+A sandboxed agent's HOME is private to its run: the parent's transcript is copied into the
+child's HOME first, read without following links (the parent's agent wrote that directory).
+
+Engines that cannot fork say so (``can_fork``), and the server refuses the start (−32012)
+before anything is stored: a fork is never a silent fresh start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import re
+import stat
+
+# Output formats whose agent forks (Claude Code's own stream-json).
+FORK_FORMATS = ("claude-stream-json",)
+MAX_TRANSCRIPT = 64 * 1024 * 1024
+
+
+class ForkRefused(Exception):
+    """The fork cannot start: the run fails with this reason, never starts fresh instead."""
+
+
+def can_fork(preset) -> bool:
+    return getattr(preset, "format", "") in FORK_FORMATS
+
+
+def wants_fork(ctx) -> bool:
+    return isinstance(ctx.request, dict) and ctx.request.get("contextMode") == "fork"
+
+
+def parent_session(ctx) -> tuple[str, str | None, str]:
+    """(the parent's agent session id, its private HOME on this machine or None, its cwd)."""
+    parent_id = getattr(ctx.identity, "parent_run_id", "") or ""
+    parent = ctx.host.runs.get(parent_id)
+    if parent is None or parent.finished:
+        raise ForkRefused(f"contextMode fork: parent run {parent_id!r} is not running here")
+    session = getattr(parent.data.get("format"), "session_id", "") or ""
+    if not session:
+        raise ForkRefused(
+            f"contextMode fork: parent run {parent_id} has no agent session to fork (yet)"
+        )
+    home = parent.data.get("private_home")
+    return session, (home.path if home is not None else None), parent.data.get("cwd", "")
+
+
+def project_dir(cwd: str) -> str:
+    """The directory name Claude Code keeps a working directory's sessions under."""
+    return re.sub(r"[^A-Za-z0-9]", "-", cwd)
+
+
+def copy_transcript(session: str, source: str, target: str, cwd: str, owner=None) -> int:
+    """Copy ``<session>.jsonl`` from the parent's private HOME into the child's, under the
+    same project directory and under the child's ``cwd``'s; the number of files copied."""
+    root = os.path.realpath(source)
+    copied = 0
+    for found in glob.glob(os.path.join(root, ".claude", "projects", "*", f"{session}.jsonl")):
+        # Nothing reached through a link the parent's agent may have planted.
+        if not os.path.realpath(found).startswith(root + os.sep):
+            continue
+        data = _read_regular(found)
+        if data is None:
+            continue
+        names = {os.path.basename(os.path.dirname(found))}
+        if cwd:
+            names.add(project_dir(cwd))
+        for name in names:
+            _write(os.path.join(target, ".claude", "projects", name), f"{session}.jsonl", data)
+            copied += 1
+    if owner:
+        for dirpath, _dirs, files in os.walk(os.path.join(target, ".claude")):
+            for path in [dirpath, *(os.path.join(dirpath, f) for f in files)]:
+                os.chown(path, *owner)
+    return copied
+
+
+def _read_regular(path: str) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return None
+        return fh.read(MAX_TRANSCRIPT)
+
+
+def _write(directory: str, name: str, data: bytes) -> None:
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    path = os.path.join(directory, name)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+def fork_argv(argv: list[str], session: str) -> list[str]:
+    """Claude Code's command line, resuming ``session`` as a new, forked one."""
+    return [argv[0], "--resume", session, "--fork-session", *argv[1:]]
