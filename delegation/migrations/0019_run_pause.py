@@ -12,7 +12,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="run",
             name="pause_reason",
-            field=models.TextField(blank=True),
+            field=models.TextField(blank=True, db_default=""),
         ),
         migrations.AddField(
             model_name="run",

@@ -177,7 +177,7 @@ class Run(models.Model):
     # the time of every pause already ended, kept so maxSeconds counts only running time.
     paused_at = models.DateTimeField(null=True, blank=True)
     paused_seconds = models.FloatField(default=0.0, db_default=0.0)
-    pause_reason = models.TextField(blank=True)
+    pause_reason = models.TextField(blank=True, db_default="")
     # SPEC §14: the agent's own session id (Claude Code's ``session_id``), from the runner's
     # ``session`` event; what a fork of this run resumes.
     agent_session_id = models.CharField(max_length=128, blank=True, db_default="")
