@@ -62,11 +62,13 @@ async def test_it_ends_a_waiting_approve_when_its_runners_token_goes(daphne_serv
     assert approval.decision in ("", None)
 
 
-async def test_it_ends_a_delegate_waiting_on_its_child_when_the_token_goes(daphne_server):
-    token = await sync_to_async(lambda: tokens.create_runner("delegator")[1])()
+async def _delegate_then(daphne_server, name: str, end_authority) -> tuple:
+    """A run's ``delegate`` waiting on its child; ``end_authority(live)`` then ends the run
+    token's authority. The call's result, and how long after that it came."""
+    token = await sync_to_async(lambda: tokens.create_runner(name)[1])()
     async with LiveRunner(daphne_server, token) as live:
-        await live.open("parent-run")
-        issued = await live.run_token("parent-run")
+        await live.open(f"{name}-run")
+        issued = await live.run_token(f"{name}-run")
         async with mcp_session(issued["url"], issued["token"]) as session:
             call = asyncio.ensure_future(
                 session.call_tool(
@@ -78,34 +80,27 @@ async def test_it_ends_a_delegate_waiting_on_its_child_when_the_token_goes(daphn
                     break
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.3)
-            await sync_to_async(tokens.revoke_runner)("delegator")
+            await end_authority(live)
             gone = time.monotonic()
             result = await asyncio.wait_for(call, 10)
-            ended = time.monotonic() - gone
+            return result, time.monotonic() - gone
+
+
+async def test_it_ends_a_delegate_waiting_on_its_child_when_the_token_goes(daphne_server):
+    async def revoke(_live):
+        await sync_to_async(tokens.revoke_runner)("delegator")
+
+    result, ended = await _delegate_then(daphne_server, "delegator", revoke)
     assert _code(result) == -32001, (result.content[0].text, json.dumps(result.structured_content))
     assert ended < 1.0, f"the call ended {ended:.2f} s after the token went"
 
 
 async def test_it_ends_a_wait_on_a_child_when_the_callers_own_run_ends(daphne_server):
     """The caller's run token dies with its run: a wait on a child hears it at once."""
-    token = await sync_to_async(lambda: tokens.create_runner("finisher")[1])()
-    async with LiveRunner(daphne_server, token) as live:
-        await live.open("finishing-run")
-        issued = await live.run_token("finishing-run")
-        async with mcp_session(issued["url"], issued["token"]) as session:
-            call = asyncio.ensure_future(
-                session.call_tool(
-                    "delegate", {"profile": "worker", "message": "work", "waitSeconds": 30}
-                )
-            )
-            for _ in range(100):
-                if any(m == "child.execute" for m, _ in live.commands):
-                    break
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.3)
-            await live.client.finish("finishing-run", output="done early")
-            gone = time.monotonic()
-            result = await asyncio.wait_for(call, 10)
-            ended = time.monotonic() - gone
+
+    async def finish(live):
+        await live.client.finish("finisher-run", output="done early")
+
+    result, ended = await _delegate_then(daphne_server, "finisher", finish)
     assert _code(result) == -32001, result.content[0].text
     assert ended < 1.0, f"the call ended {ended:.2f} s after the run ended"
