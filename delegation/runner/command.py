@@ -267,7 +267,7 @@ class CommandEngine(PresetEngine):
         ctx.data["private_home"], ctx.data["cwd"] = home, cwd
         if fork.wants_fork(ctx):
             try:
-                session = self._prepare_fork(ctx, preset, cwd, home)
+                session = await self._prepare_fork(ctx, preset, cwd, home)
             except (ForkRefused, OSError) as exc:
                 return Outcome(error=str(exc))
             argv = fork.fork_argv(argv, session)
@@ -352,15 +352,20 @@ class CommandEngine(PresetEngine):
         return state["format"].outcome(process.returncode, state["last_stderr"])
 
     @staticmethod
-    def _prepare_fork(ctx: RunContext, preset: CommandPreset, cwd: str, home) -> str:
+    async def _prepare_fork(ctx: RunContext, preset: CommandPreset, cwd: str, home) -> str:
         """The parent's session id, its transcript copied into this child's private HOME
         (SPEC §14); ForkRefused when there is nothing to fork."""
         if not fork.can_fork(preset):
             raise ForkRefused(f"preset {preset.name} cannot fork")
         session, parent_home, _parent_cwd = fork.parent_session(ctx)
         if home is not None and parent_home is not None:
-            if not fork.copy_transcript(session, parent_home, home.path, cwd, account(preset)):
-                raise ForkRefused(f"contextMode fork: no transcript of session {session}")
+            # Claude Code reports its session id (init) before its transcript is on disk: a
+            # parent that delegates in its first turn may not have written it yet.
+            deadline = asyncio.get_running_loop().time() + fork.TRANSCRIPT_WAIT
+            while not fork.copy_transcript(session, parent_home, home.path, cwd, account(preset)):
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise ForkRefused(f"contextMode fork: no transcript of session {session}")
+                await asyncio.sleep(0.1)
         return session
 
     async def _pump(self, reader, queue: asyncio.Queue, which: str, state: dict) -> None:

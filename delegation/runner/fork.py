@@ -23,6 +23,8 @@ import stat
 # Output formats whose agent forks (Claude Code's own stream-json).
 FORK_FORMATS = ("claude-stream-json",)
 MAX_TRANSCRIPT = 64 * 1024 * 1024
+# How long a fork waits for its parent's transcript to appear on disk (seconds).
+TRANSCRIPT_WAIT = 15.0
 
 
 class ForkRefused(Exception):
