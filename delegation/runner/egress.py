@@ -26,6 +26,7 @@ import contextlib
 import ipaddress
 import logging
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -40,6 +41,8 @@ CHUNK = 65536
 CONNECT_TIMEOUT = 10.0
 # Refusals reported per child: a hostile agent must not flood its run's event stream.
 MAX_REPORTS = 50
+# The bridge's header for a loopback port: the port and the IP version the agent dialled.
+FORWARD_LINE = re.compile(rb"FORWARD (\d{1,5}) ([46])\n")
 # Hop-by-hop headers: the proxy's own connection to the upstream is one request long.
 HOP_HEADERS = {
     b"connection",
@@ -260,8 +263,9 @@ class EgressProxy:
             line = await reader.readline()
             if line == b"PROXY\n":
                 await self._proxy(reader, writer)
-            elif line.startswith(b"FORWARD ") and line[8:-1].isdigit():
-                await self._forward(int(line[8:-1]), reader, writer)
+            elif forward := FORWARD_LINE.fullmatch(line):
+                port, version = int(forward[1]), int(forward[2])
+                await self._forward(port, version, reader, writer)
         except Refused as exc:
             await _answer(writer, 403, str(exc))
         except Unreachable as exc:
@@ -274,7 +278,18 @@ class EgressProxy:
             self.tasks.discard(task)
             writer.close()
 
-    async def _forward(self, port: int, reader, writer) -> None:
+    def forward_address(self, port: int, version: int) -> str | None:
+        """The loopback address a granted port is reached on: the one the agent connected to
+        (IPv4 or IPv6) when the preset names it, else the one it names."""
+        named = {
+            str(grant.literal): grant.literal.version
+            for grant in self.grants
+            if grant.literal is not None and grant.literal.is_loopback and grant.port == port
+        }
+        same = [address for address, v in named.items() if v == version]
+        return (same or sorted(named) or [None])[0]
+
+    async def _forward(self, port: int, version: int, reader, writer) -> None:
         """A connection to a loopback port inside the sandbox: Canopy's server (HTTP, its MCP
         path only) or a model endpoint the preset names by address and port (as it is)."""
         if self.mcp and _is_loopback_name(self.mcp.host) and port == self.mcp.port:
@@ -285,9 +300,11 @@ class EgressProxy:
             upstream = await self._open(self.mcp.host, port)
             await _exchange(method, target, headers, reader, writer, upstream)
             return
-        if port not in self.forward_ports:
-            raise self.refuse("127.0.0.1", port, "not in the preset's allowHosts")
-        upstream = await self._open("127.0.0.1", port)
+        address = self.forward_address(port, version)
+        if address is None:
+            loopback = "127.0.0.1" if version == 4 else "[::1]"
+            raise self.refuse(loopback, port, "not in the preset's allowHosts")
+        upstream = await self._open(address, port)
         await _splice(reader, writer, *upstream)
 
     async def _proxy(self, reader, writer) -> None:

@@ -29,7 +29,8 @@ import threading
 CHUNK = 65536
 
 
-def _listen(port: int) -> list[socket.socket]:
+def _listen(port: int) -> list[tuple[socket.socket, int]]:
+    """Listening sockets on both loopbacks, each with its IP version (4 or 6)."""
     out = []
     for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
         try:
@@ -41,7 +42,7 @@ def _listen(port: int) -> list[socket.socket]:
             if family == socket.AF_INET:
                 raise
             continue  # no IPv6 loopback in this namespace: "localhost" is 127.0.0.1 then
-        out.append(sock)
+        out.append((sock, 4 if family == socket.AF_INET else 6))
     return out
 
 
@@ -104,9 +105,11 @@ def main(argv: list[str]) -> None:
     path, proxy_port = argv[1], int(argv[2])
     ports = [int(p) for p in argv[3].split(",") if p]
     program = argv[5:]
-    listeners = [(sock, b"PROXY\n") for sock in _listen(proxy_port)]
+    listeners = [(sock, b"PROXY\n") for sock, _version in _listen(proxy_port)]
     for port in ports:
-        listeners += [(sock, b"FORWARD %d\n" % port) for sock in _listen(port)]
+        # The runner's side connects to the loopback the agent used: a grant of [::1]:PORT
+        # is that server, not whatever listens on 127.0.0.1:PORT.
+        listeners += [(sock, b"FORWARD %d %d\n" % (port, v)) for sock, v in _listen(port)]
     if os.fork() == 0:
         os.setsid()  # not in the agent's process group: nothing it signals reaches the relay
         if os.fork() == 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -89,10 +90,10 @@ async def test_it_forwards_one_request_to_mcp_and_not_the_one_riding_behind_it(u
             b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
             b"GET /admin/ HTTP/1.1\r\nHost: x\r\n\r\n"
         )
-        answer = await ask(proxy, b"FORWARD %d\n" % upstream, chunked)
+        answer = await ask(proxy, b"FORWARD %d 4\n" % upstream, chunked)
         assert answer.endswith(b"ok /mcp")
         assert Recorder.seen[-1] == ("POST", "/mcp", b"abcde") and len(Recorder.seen) == 2
-        refused = await ask(proxy, b"FORWARD %d\n" % upstream, b"GET /api/x HTTP/1.1\r\n\r\n")
+        refused = await ask(proxy, b"FORWARD %d 4\n" % upstream, b"GET /api/x HTTP/1.1\r\n\r\n")
         assert refused.startswith(b"HTTP/1.1 403"), refused
         assert refusals == [f"network: refused 127.0.0.1:{upstream}: Canopy's server: only /mcp"]
     finally:
@@ -107,7 +108,7 @@ async def test_it_refuses_a_name_that_resolves_to_loopback_and_reports_it_once(u
             assert answer.startswith(b"HTTP/1.1 403"), answer
         assert len(refusals) == 1 and "is a loopback address" in refusals[0], refusals
         # A forged header naming a port no listener was given: refused, not relayed.
-        answer = await ask(proxy, b"FORWARD %d\n" % upstream, b"GET / HTTP/1.1\r\n\r\n")
+        answer = await ask(proxy, b"FORWARD %d 4\n" % upstream, b"GET / HTTP/1.1\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 403") and Recorder.seen == []
     finally:
         await proxy.close()
@@ -120,7 +121,7 @@ async def test_it_reaches_a_loopback_model_the_preset_names_by_address_and_port(
         plain = f"GET http://127.0.0.1:{upstream}/v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
         assert (await ask(proxy, b"PROXY\n", plain.encode())).endswith(b"ok /v1/models")
         raw = b"GET /v1/x HTTP/1.1\r\nHost: x\r\n\r\n"
-        tunnel = await ask(proxy, b"FORWARD %d\n" % upstream, raw, until=b"ok /v1/x")
+        tunnel = await ask(proxy, b"FORWARD %d 4\n" % upstream, raw, until=b"ok /v1/x")
         assert b"Connection: close" not in tunnel  # as it is: a tunnel, not read
         other = f"GET http://127.0.0.1:{upstream + 1}/ HTTP/1.1\r\n\r\n".encode()
         assert (await ask(proxy, b"PROXY\n", other)).startswith(b"HTTP/1.1 403")
@@ -129,6 +130,41 @@ async def test_it_reaches_a_loopback_model_the_preset_names_by_address_and_port(
         ]
     finally:
         await proxy.close()
+
+
+async def test_it_forwards_a_v6_loopback_grant_to_v6_not_to_whatever_holds_the_v4_port():
+    # Two servers on one port number, one per loopback: the grant names the IPv6 one.
+    class V6Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+
+    class Named(Recorder):
+        def _answer(self):
+            out = f"ok {self.server.server_address[0]}".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        do_GET = _answer
+
+    v6 = V6Server(("::1", 0), Named)
+    port = v6.server_address[1]
+    servers = [v6, ThreadingHTTPServer(("127.0.0.1", port), Named)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    proxy, refusals = await started(allow=[f"[::1]:{port}"])
+    try:
+        raw = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+        for version in (6, 4):  # "localhost" may resolve either way: both reach the grant
+            answer = await ask(proxy, b"FORWARD %d %d\n" % (port, version), raw, until=b"::1")
+            assert answer.endswith(b"ok ::1")
+        other = await ask(proxy, b"FORWARD %d 6\n" % (port + 1), raw)
+        assert other.startswith(b"HTTP/1.1 403")
+        assert refusals == [f"network: refused [::1]:{port + 1}: not in the preset's allowHosts"]
+    finally:
+        await proxy.close()
+        for server in servers:
+            server.shutdown()
 
 
 @pytest.mark.parametrize(
