@@ -7,6 +7,7 @@ and what runs is the input as asked, which is what the record shows (issue 35)."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import httpx
 import pytest
@@ -38,12 +39,11 @@ def _script(target):
     return script
 
 
-async def _pending(http, claude_done) -> dict:
+async def _pending(http) -> dict:
     for _ in range(900):
         page = (await http.get("/api/approvals", params={"status": "pending"})).json()
         if page["items"]:
             return page["items"][0]
-        assert not claude_done(), "the agent finished without asking"
         await asyncio.sleep(0.1)
     raise AssertionError("no pending approval")
 
@@ -59,13 +59,13 @@ async def _wait_done(c, ext, gen, child):
         await asyncio.sleep(0.1)
 
 
-async def test_it_answers_an_acp_permission_request_with_the_operators_decision(
-    daphne_server, tmp_path, operator_token
-):
+@contextlib.asynccontextmanager
+async def acp_child(server, tmp_path, operator_token, target):
+    """A root run whose child is the real ACP adapter told to touch ``target``; yields the
+    operator's REST client, the runner's client with its extension and generation, the child."""
     _runner, token = await sync_to_async(tokens.create_runner)("claude-acp")
     workspace = tmp_path / "ws"
-    workspace.mkdir()
-    target = workspace / "made-by-acp.txt"
+    workspace.mkdir(exist_ok=True)
     auth = {"Authorization": f"Bearer {operator_token}"}
     with model_stub.ModelStub(_script(target)) as stub:
         env = claude_cli.offline_env(stub.url, tmp_path / "home", IS_SANDBOX="1")
@@ -77,25 +77,30 @@ async def test_it_answers_an_acp_permission_request_with_the_operators_decision(
             allow_hosts=tuple(claude_cli.allow_model(stub.url)),
         )
         engine = AcpEngine([preset], str(workspace))
-        host = RunnerHost(
-            daphne_server.ws_url, token, engine, extension_id="claude", client_options=FAST
-        )
+        host = RunnerHost(server.ws_url, token, engine, extension_id="claude", client_options=FAST)
         ext, gen, c = host.extension_id, host.generation, host.client
         async with (
             host,
-            httpx.AsyncClient(base_url=daphne_server.http_url, headers=auth, timeout=30) as http,
+            httpx.AsyncClient(base_url=server.http_url, headers=auth, timeout=30) as http,
         ):
             await c.open_run("root-conv", "root-run")
             request = {"requestId": "r1", "profile": "claude", "message": f"touch {target}"}
             child = await c.child_start("root-run", ext, gen, request)
-            state = {"done": False}
-            pending = await _pending(http, lambda: state["done"])
-            assert pending["runId"] == child.run_id and pending["via"] == "runner"
-            assert pending["kind"] == "execute" and not target.exists()
-            url = f"/api/approvals/{pending['approvalId']}/decision"
-            assert (await http.post(url, json={"decision": "allow"})).status_code == 200
-            result = await _wait_done(c, ext, gen, child)
+            yield http, (c, ext, gen), child
             await c.finish("root-run", output="ok")
+
+
+async def test_it_answers_an_acp_permission_request_with_the_operators_decision(
+    daphne_server, tmp_path, operator_token
+):
+    target = tmp_path / "ws" / "made-by-acp.txt"
+    async with acp_child(daphne_server, tmp_path, operator_token, target) as (http, rc, child):
+        pending = await _pending(http)
+        assert pending["runId"] == child.run_id and pending["via"] == "runner"
+        assert pending["kind"] == "execute" and not target.exists()
+        url = f"/api/approvals/{pending['approvalId']}/decision"
+        assert (await http.post(url, json={"decision": "allow"})).status_code == 200
+        result = await _wait_done(*rc, child)
     assert result.status == "succeeded", result.error
     assert target.exists()
     kinds = await sync_to_async(
@@ -116,48 +121,23 @@ async def test_it_refuses_an_edit_the_acp_agent_cannot_run_and_records_what_ran(
     daphne_server, tmp_path, operator_token
 ):
     """Before: the edit was stored as approved and claude-agent-acp ran the original."""
-    _runner, token = await sync_to_async(tokens.create_runner)("claude-acp")
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
-    original = workspace / "ORIGINAL-dangerous.txt"
-    edited = workspace / "edited-safe.txt"
-    auth = {"Authorization": f"Bearer {operator_token}"}
-    with model_stub.ModelStub(_script(original)) as stub:
-        env = claude_cli.offline_env(stub.url, tmp_path / "home", IS_SANDBOX="1")
-        preset = AcpPreset(
-            "claude",
-            [claude_cli.acp_bin()],
-            env=env,
-            ask_canopy=True,
-            allow_hosts=tuple(claude_cli.allow_model(stub.url)),
-        )
-        engine = AcpEngine([preset], str(workspace))
-        host = RunnerHost(
-            daphne_server.ws_url, token, engine, extension_id="claude", client_options=FAST
-        )
-        ext, gen, c = host.extension_id, host.generation, host.client
-        async with (
-            host,
-            httpx.AsyncClient(base_url=daphne_server.http_url, headers=auth, timeout=30) as http,
-        ):
-            await c.open_run("root-conv", "root-run")
-            request = {"requestId": "r1", "profile": "claude", "message": f"touch {original}"}
-            child = await c.child_start("root-run", ext, gen, request)
-            pending = await _pending(http, lambda: False)
-            assert (pending["via"], pending["canEdit"]) == ("runner", False)
-            asked = pending["input"]
-            assert asked["command"] == f"touch {original}"
-            url = f"/api/approvals/{pending['approvalId']}/decision"
-            edit = {**asked, "command": f"touch {edited}"}
-            refused = await http.post(url, json={"decision": "allow", "updatedInput": edit})
-            assert refused.status_code == 409, refused.text
-            error = refused.json()["error"]
-            assert error["code"] == "edit_not_supported_by_door" and "ACP" in error["message"]
-            assert not original.exists()  # a refused decision decided nothing
-            assert (await http.post(url, json={"decision": "allow"})).status_code == 200
-            result = await _wait_done(c, ext, gen, child)
-            record = (await http.get(f"/api/approvals/{pending['approvalId']}")).json()
-            await c.finish("root-run", output="ok")
+    original = tmp_path / "ws" / "ORIGINAL-dangerous.txt"
+    edited = tmp_path / "ws" / "edited-safe.txt"
+    async with acp_child(daphne_server, tmp_path, operator_token, original) as (http, rc, child):
+        pending = await _pending(http)
+        assert (pending["via"], pending["canEdit"]) == ("runner", False)
+        asked = pending["input"]
+        assert asked["command"] == f"touch {original}"
+        url = f"/api/approvals/{pending['approvalId']}/decision"
+        edit = {**asked, "command": f"touch {edited}"}
+        refused = await http.post(url, json={"decision": "allow", "updatedInput": edit})
+        assert refused.status_code == 409, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "edit_not_supported_by_door" and "ACP" in error["message"]
+        assert not original.exists()  # a refused decision decided nothing
+        assert (await http.post(url, json={"decision": "allow"})).status_code == 200
+        result = await _wait_done(*rc, child)
+        record = (await http.get(f"/api/approvals/{pending['approvalId']}")).json()
     assert result.status == "succeeded", result.error
     # What was decided is what ran, and the record says so.
     assert original.exists() and not edited.exists()
