@@ -335,7 +335,10 @@ class HostedExtension:
         answer = await self._question("input", params)
         if answer.get("decision") != "allow":
             return {"status": "cancelled"}
-        return {"status": "submitted", "value": answer.get("message") or ""}
+        # The operator's text is the decision's message; allowed without one, the
+        # extension's own default (else the empty string).
+        default = str((params or {}).get("defaultValue") or "")
+        return {"status": "submitted", "value": answer.get("message") or default}
 
     async def _fork(self, params: Any) -> dict:
         """``{conversationId}``: a session of Canopy's ``kodelet`` that, loaded and prompted,
