@@ -9,6 +9,7 @@ import json
 import os
 import sys
 
+import httpx
 import pytest
 from asgiref.sync import sync_to_async
 
@@ -16,6 +17,7 @@ from delegation.models import Event, Lease, Run
 from delegation.runner.host import RunnerHost
 from delegation.runner.kodelet.engine import ExtensionHosting
 from delegation.runner.kodelet.spec import ExtensionSpec
+from delegation.runner.scripted import ScriptedConfig, ScriptedEngine
 from delegation.services import tokens
 from tests.runner.kodelet.tool_script import ToolScriptEngine
 from tests.support.runners import FAST
@@ -211,3 +213,52 @@ async def test_it_stops_the_agents_and_releases_their_leases_when_the_hosting_ru
     assert child.cancelled and child.depth == 1
     assert [lease["state"] for lease in record["leases"]] == ["released"]
     assert kodelet_processes() == []
+
+
+async def test_the_trees_budget_and_approvals_apply_to_kodelet_children(
+    daphne_factory, operator_token
+):
+    """A kodelet-subagent agent is a child like any other: its approval is an inbox item of
+    that child run in the hosting tree, the operator's denial reaches it; and a spawn past the
+    tree's budget (maxRuns 1) is refused, kodelet-subagent reporting the budget's error."""
+    server = daphne_factory()
+    asking = ScriptedEngine(
+        ScriptedConfig(pace=0.02, steps=1, fanout=0, depth=0, tool_fail_rate=0.0, approval_rate=1.0)
+    )
+    inner = ToolScriptEngine(asking)
+    engine = ExtensionHosting(inner, {"boss": (SUBAGENT,)})
+    fresh = {"context_mode": "fresh"}
+    script = [
+        {"tool": "spawn_agent", "input": {"name": "asker", "task": "Test" + plan("a"), **fresh}},
+        {"tool": "wait_agent", "input": {"agent_id": "$asker", "timeout_ms": 60000}},
+        {"tool": "spawn_agent", "input": {"name": "extra", "task": "More" + plan("b"), **fresh}},
+        {"tool": "wait_agent", "input": {"agent_id": "$extra", "timeout_ms": 30000}},
+    ]
+    token = await new_token("kodelet-rules")
+    auth = {"Authorization": f"Bearer {operator_token}"}
+    async with (
+        RunnerHost(server.ws_url, token, engine, client_options=FAST) as host,
+        httpx.AsyncClient(base_url=server.http_url, headers=auth, timeout=30) as http,
+    ):
+        root = await host.open_root(json.dumps(script), profile="boss", budget={"maxRuns": 1})
+        for _ in range(300):
+            items = (await http.get("/api/approvals", params={"status": "pending"})).json()
+            mine = [i for i in items["items"] if i["rootRunId"] == root.run_id]
+            if mine:
+                break
+            await asyncio.sleep(0.1)
+        [asked] = mine
+        assert (asked["depth"], asked["toolName"], asked["profile"]) == (1, "Bash", "worker")
+        url = f"/api/approvals/{asked['approvalId']}/decision"
+        body = {"decision": "deny", "message": "not on this branch"}
+        assert (await http.post(url, json=body)).status_code == 200
+        await host.wait(root.run_id, timeout=90)
+        results = inner.results[root.run_id]
+        record = await tree(root.run_id)
+    [child] = record["children"]
+    assert child.run_id == asked["runId"] and child.status == "succeeded"
+    said = " ".join(e["text"] or "" for e in record["events"][child.run_id])
+    assert "not on this branch" in said, said  # the denial reached the kodelet child
+    refused = results[3]["result"]
+    assert refused["structuredContent"]["status"] == "failed", refused
+    assert "budget" in refused["error"] and "maxRuns" in refused["error"], refused
