@@ -107,6 +107,8 @@ async def test_it_runs_kodelet_subagents_as_canopy_children(daphne_factory):
         {"tool": "steer_agent", "input": {"agent_id": "$slow", "message": "focus on the tests"}},
         {"sleep": 2.5},
         {"tool": "cancel_agent", "input": {"agent_id": "$slow"}},
+        # 7: the cancelled agent's kodelet acp (the only one left running) is gone.
+        {"processes": "kodelet"},
         # 8, 9: a follow-up of the finished child: the same conversation, a new run.
         {
             "tool": "followup_agent",
@@ -121,7 +123,7 @@ async def test_it_runs_kodelet_subagents_as_canopy_children(daphne_factory):
         results = inner.results[root.run_id]
         assert [r["tool"] for r in results] == [
             "spawn_agent", "spawn_agent", "wait_agent", "list_agents", "spawn_agent",
-            "steer_agent", "cancel_agent", "followup_agent", "wait_agent",
+            "steer_agent", "cancel_agent", "processes", "followup_agent", "wait_agent",
         ]  # fmt: skip
         assert "requires live conversation forking" in content(results, 0), results[0]
         assert "Done with Review it" in content(results, 2), results[2]
@@ -129,7 +131,8 @@ async def test_it_runs_kodelet_subagents_as_canopy_children(daphne_factory):
         assert [a["name"] for a in listed] == ["reviewer"]
         assert results[5]["result"]["structuredContent"]["accepted"] is True
         assert "Canceled agent 'slow'" in content(results, 6), results[6]
-        assert "Done with Again" in content(results, 8), results[8]
+        assert content(results, 7) == "0", "a kodelet acp process outlived cancel_agent"
+        assert "Done with Again" in content(results, 9), results[9]
         record = await tree(root.run_id)
     root_run, children = record["root"], record["children"]
     by_conversation: dict[str, list[Run]] = {}
