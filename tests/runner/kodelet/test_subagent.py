@@ -83,7 +83,8 @@ async def test_it_runs_kodelet_subagents_as_canopy_children(daphne_factory):
     server = daphne_factory()
     inner, engine = hosting()
     script = [
-        # 0: the default context mode forks the live conversation: refused by name.
+        # 0: the default context mode forks the live conversation: refused by name (a
+        # scripted preset cannot fork; test_claude_code_fork.py forks a Claude Code one).
         {"tool": "spawn_agent", "input": {"name": "forker", "task": "t" + plan("f")}},
         # 1, 2: a child that finishes; its result comes back through wait_agent.
         {
