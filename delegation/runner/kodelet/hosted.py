@@ -163,7 +163,9 @@ class HostedExtension:
             "capabilities": {
                 "runtime": {"backgroundTasks": True},
                 "tools": {"updates": True},
-                "conversations": {"fork": True, "hierarchy": True},
+                # Fork only where this run's agent can be forked (SPEC §14); elsewhere
+                # kodelet's SDK refuses a fork itself, as ConversationForkUnavailableError.
+                "conversations": {"fork": self.ctx.profile in self.forkable, "hierarchy": True},
                 "ui": {"widgets": False, "surfaces": False, "transcript": False},
             },
         }
