@@ -76,7 +76,11 @@ function card(a, canAct) {
     node.append(el("p", { class: "muted small", text: "Viewers see approvals; operators decide them." }));
     return node;
   }
-  const message = el("input", { type: "text", name: "message", placeholder: "Why (shown to the agent on deny)", maxlength: "10000" });
+  // An extension's question (kodelet's ui.input/select/confirm): the message is the answer,
+  // and "allow always" would answer every later question with nothing.
+  const question = a.kind === "question";
+  const placeholder = question ? "Your answer (the text, or one of the options), then Allow" : "Why (shown to the agent on deny)";
+  const message = el("input", { type: "text", name: "message", placeholder, "aria-label": question ? "Answer" : "Message", maxlength: "10000" });
   // "Edit, then allow" only where the door runs the edit (an ACP agent takes an option id
   // only): the server refuses an edit there anyway, so the card does not offer one.
   const canEdit = a.canEdit !== false;
@@ -88,8 +92,8 @@ function card(a, canAct) {
     "div",
     { class: "actions" },
     button("Allow once", "allow", "btn-primary"),
-    button("Allow always (run)", "allow-always", ""),
-    button("Allow always (tree)", "allow-always-root", ""),
+    question ? null : button("Allow always (run)", "allow-always", ""),
+    question ? null : button("Allow always (tree)", "allow-always-root", ""),
     canEdit ? button("Edit, then allow", "edit", "") : null,
     button("Deny", "deny", "btn-danger"),
   );
@@ -98,7 +102,9 @@ function card(a, canAct) {
     : el("p", {
         class: "muted small",
         "data-role": "no-edit",
-        text: "This agent's door (ACP) answers with an option only: allow or deny the input as asked; it cannot run an edit.",
+        text: question
+          ? "An extension's question: type the answer and allow (a confirm: allow is yes); deny leaves it unanswered."
+          : "This agent's door (ACP) answers with an option only: allow or deny the input as asked; it cannot run an edit.",
       });
   node.append(...[editor, noEdit].filter(Boolean), el("div", { class: "approval-decide" }, message, actions), status);
   node.addEventListener("click", (event) => {

@@ -13,7 +13,7 @@ runner through :mod:`.bridge`'s socket (``CANOPY_KODELET_SOCKET``).
 | ``session/prompt`` | ``child.start`` (first turn) or a resume of the same child (later turns), then ``child.read`` streamed back as ``session/update`` until the child run ends |
 | ``session/cancel`` | ``child.cancel``; the prompt ends with ``stopReason: cancelled`` |
 | ``_session/steering`` | ``child.steer``: ``injected``, or ``promptRequired`` (``noRunningTurn``) |
-| ``session/load`` | the session again; its next prompt resumes the child (a new run) |
+| ``session/load`` | the session again; its next prompt resumes the child (a new run); a fork's session (``kodelet.conversation.fork``) starts its child with ``contextMode: "fork"`` |
 
 A child's ``result`` (or, without one, its output) is the agent's message; its text and
 thinking are thought chunks; tool use and results are ``tool_call`` / ``tool_call_update``.

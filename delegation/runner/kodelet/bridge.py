@@ -38,6 +38,9 @@ class SessionRecord:
     lease_id: str | None = None
     cwd: str | None = None
     runs: list[str] = field(default_factory=list)
+    # A fork (``kodelet.conversation.fork``): its first turn starts the child with
+    # ``contextMode: "fork"``, a copy of the hosting run's agent conversation (SPEC §14).
+    fork: bool = False
 
 
 class Bridge:
@@ -84,6 +87,17 @@ class Bridge:
         finally:
             self._clients.discard(asyncio.current_task())
             writer.close()
+
+    def fork(self, profile: str, cwd: str | None) -> str:
+        """A session that is a fork of the hosting run's conversation: its id is what
+        ``kodelet.conversation.fork`` answers, and the ``session/load`` of it by the
+        extension's ``kodelet`` finds it here. The child (and the copy of the conversation)
+        starts with the session's first prompt: a Canopy child needs its message."""
+        record = SessionRecord(
+            session_id=f"kodelet-fork-{uuid.uuid4().hex[:16]}", profile=profile, cwd=cwd, fork=True
+        )
+        self.sessions[record.session_id] = record
+        return record.session_id
 
     async def answer(self, ask: dict) -> Any:
         op = ask["op"]
@@ -149,6 +163,8 @@ class Bridge:
         }
         if record.child_id:
             request["resume"] = record.child_id
+        elif record.fork:
+            request["contextMode"] = "fork"
         if record.cwd:
             request["cwd"] = record.cwd
         if record.lease_id:

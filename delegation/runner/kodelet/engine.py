@@ -121,10 +121,11 @@ class ExtensionHosting:
         # Short: a Unix socket path must fit in 108 bytes.
         workdir = Path(tempfile.mkdtemp(prefix="ck-"))
         hosted: list[HostedExtension] = []
+        forkable = frozenset(p.name for p in self.inner.presets() if p.can_fork)
         try:
             for index, spec in enumerate(specs):
                 cwd = getattr(self.inner, "workspace", None)
-                ext = HostedExtension(spec, ctx, workdir / str(index), index, cwd)
+                ext = HostedExtension(spec, ctx, workdir / str(index), index, cwd, forkable)
                 hosted.append(ext)
                 await ext.start()
             box = ctx.data["kodelet"] = self.boxes[ctx.run_id] = ToolBox(hosted)

@@ -6,7 +6,7 @@
 | ``kodelet.tool.update`` | a ``tool-update`` event of the run |
 | ``kodelet.ui.notify`` | a ``notify`` event of the run |
 | ``kodelet.ui.confirm`` / ``select`` / ``input`` | an approval of kind ``question`` (§11) |
-| ``kodelet.conversation.fork`` | refused: ``FORK_UNAVAILABLE`` (no engine forks a live turn) |
+| ``kodelet.conversation.fork`` | a session of Canopy's ``kodelet`` whose first turn is a child started with ``contextMode: "fork"`` (SPEC §14); ``FORK_UNAVAILABLE`` where the engine cannot fork |
 
 The process gets Canopy's ``kodelet`` first on its ``PATH`` (:mod:`.acp`), and the path of
 the :class:`~.bridge.Bridge` socket that ``kodelet`` asks for child runs. A process that dies
@@ -73,6 +73,7 @@ class HostedExtension:
         workdir: Path,
         index: int = 0,
         cwd: str | None = None,
+        forkable: frozenset[str] = frozenset(),
     ):
         self.spec = spec
         self.ctx = ctx
@@ -81,6 +82,7 @@ class HostedExtension:
         # there, and a child's cwd must be inside the workspace.
         self.cwd = ctx.cwd or cwd or os.getcwd()
         self.extension_id = f"{spec.extension_id}-{index}" if index else spec.extension_id
+        self.forkable = forkable  # the presets of this runner whose children can fork
         self.leases = LeaseBook(ctx)
         self.bridge = Bridge(
             ctx,
@@ -161,7 +163,9 @@ class HostedExtension:
             "capabilities": {
                 "runtime": {"backgroundTasks": True},
                 "tools": {"updates": True},
-                "conversations": {"fork": True, "hierarchy": True},
+                # Fork only where this run's agent can be forked (SPEC §14); elsewhere
+                # kodelet's SDK refuses a fork itself, as ConversationForkUnavailableError.
+                "conversations": {"fork": self.ctx.profile in self.forkable, "hierarchy": True},
                 "ui": {"widgets": False, "surfaces": False, "transcript": False},
             },
         }
@@ -333,11 +337,29 @@ class HostedExtension:
         answer = await self._question("input", params)
         if answer.get("decision") != "allow":
             return {"status": "cancelled"}
-        return {"status": "submitted", "value": answer.get("message") or ""}
+        # The operator's text is the decision's message; allowed without one, the
+        # extension's own default (else the empty string).
+        default = str((params or {}).get("defaultValue") or "")
+        return {"status": "submitted", "value": answer.get("message") or default}
 
     async def _fork(self, params: Any) -> dict:
-        raise HostMethodError(
-            FORK_UNAVAILABLE,
-            f"conversation fork unavailable: preset {self.ctx.profile!r} cannot fork a live "
-            "turn; use context_mode 'fresh'",
-        )
+        """``{conversationId}``: a session of Canopy's ``kodelet`` that, loaded and prompted,
+        is a child of this run started as a fork of its agent's conversation (SPEC §14). It
+        runs on the extension's ``childProfile`` when that preset can fork, else on the
+        run's own preset. Refused by name (``FORK_UNAVAILABLE``, which kodelet-subagent
+        reports) when this run's agent cannot be forked: never a silent fresh start."""
+        if self.ctx.profile not in self.forkable:
+            raise HostMethodError(
+                FORK_UNAVAILABLE,
+                f"conversation fork unavailable: preset {self.ctx.profile!r} cannot fork; "
+                "use context_mode 'fresh'",
+            )
+        if not getattr(self.ctx.data.get("format"), "session_id", ""):
+            raise HostMethodError(
+                FORK_UNAVAILABLE,
+                f"conversation fork unavailable: run {self.ctx.run_id} has no agent session "
+                "to fork (yet)",
+            )
+        child = self.spec.child_profile
+        profile = child if child in self.forkable else self.ctx.profile
+        return {"conversationId": self.bridge.fork(profile, self.cwd)}

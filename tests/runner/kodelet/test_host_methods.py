@@ -89,3 +89,48 @@ async def test_it_maps_confirm_update_notify_and_restarts_a_dead_extension(
     assert ("tool-update", "thinking about it", "call-0") in events, events
     assert ("notify", "asking the operator", None) in events, events
     assert any(k == "notify" and "restarting" in (t or "") for k, t, _ in events), events
+
+
+async def test_it_asks_the_operator_for_an_extensions_input_in_the_inbox(
+    daphne_server, operator_token
+):
+    """``kodelet.ui.input``: one question in the inbox with the extension's text; the
+    operator's message is the value the extension gets, a denial is its cancel (None). And a
+    tool the extension's ``agent.init`` answer disables is neither listed nor callable."""
+    inner = ToolScriptEngine()
+    engine = ExtensionHosting(inner, {"boss": (PROBE,)})
+    script = [
+        {"tool": "name_it", "input": {"title": "Release name?"}},
+        {"tool": "name_it", "input": {"title": "Codename?"}},
+        {"tool": "hidden"},  # disabled by the probe's agent.init answer
+    ]
+    _runner, token = await sync_to_async(tokens.create_runner)("kodelet-input")
+    auth = {"Authorization": f"Bearer {operator_token}"}
+    async with (
+        RunnerHost(daphne_server.ws_url, token, engine, client_options=FAST) as host,
+        httpx.AsyncClient(base_url=daphne_server.http_url, headers=auth, timeout=30) as http,
+    ):
+        root = await host.open_root(json.dumps(script), profile="boss")
+        question = await pending(http, "Release name?")
+        assert question["runId"] == root.run_id and question["kind"] == "question"
+        assert question["toolName"].endswith(".input")  # <extension id>.<method>
+        assert question["input"]["message"] == "Name the release"  # the extension's text
+        assert question["canEdit"] is False
+        url = f"/api/approvals/{question['approvalId']}/decision"
+        body = {"decision": "allow", "message": "Aspen"}
+        assert (await http.post(url, json=body)).status_code == 200
+        second = await pending(http, "Codename?")
+        url = f"/api/approvals/{second['approvalId']}/decision"
+        body = {"decision": "deny", "message": "not now"}
+        assert (await http.post(url, json=body)).status_code == 200
+        await host.wait(root.run_id, timeout=60)
+        asked = (await http.get("/api/approvals", params={"run": root.run_id})).json()
+    results = [r["result"]["content"] for r in inner.results[root.run_id]]
+    assert results == ["named=Aspen", "named=None", "no hosted extension offers 'hidden'"]
+    listed = await sync_to_async(
+        lambda: Event.objects.get(run__run_id=root.run_id, kind="extension-tools").input
+    )()
+    assert "name_it" in [t["name"] for t in listed["tools"]]
+    assert "hidden" not in [t["name"] for t in listed["tools"]], listed
+    titles = sorted(item["title"] for item in asked["items"] if item["runId"] == root.run_id)
+    assert titles == ["Codename?", "Release name?"], asked  # one item each, no more

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 
+import httpx
 import pytest
 from asgiref.sync import sync_to_async
 
@@ -16,6 +17,7 @@ from delegation.models import Event, Lease, Run
 from delegation.runner.host import RunnerHost
 from delegation.runner.kodelet.engine import ExtensionHosting
 from delegation.runner.kodelet.spec import ExtensionSpec
+from delegation.runner.scripted import ScriptedConfig, ScriptedEngine
 from delegation.services import tokens
 from tests.runner.kodelet.tool_script import ToolScriptEngine
 from tests.support.runners import FAST
@@ -81,7 +83,8 @@ async def test_it_runs_kodelet_subagents_as_canopy_children(daphne_factory):
     server = daphne_factory()
     inner, engine = hosting()
     script = [
-        # 0: the default context mode forks the live conversation: refused by name.
+        # 0: the default context mode forks the live conversation: refused by name (a
+        # scripted preset cannot fork; test_claude_code_fork.py forks a Claude Code one).
         {"tool": "spawn_agent", "input": {"name": "forker", "task": "t" + plan("f")}},
         # 1, 2: a child that finishes; its result comes back through wait_agent.
         {
@@ -105,6 +108,8 @@ async def test_it_runs_kodelet_subagents_as_canopy_children(daphne_factory):
         {"tool": "steer_agent", "input": {"agent_id": "$slow", "message": "focus on the tests"}},
         {"sleep": 2.5},
         {"tool": "cancel_agent", "input": {"agent_id": "$slow"}},
+        # 7: the cancelled agent's kodelet acp (the only one left running) is gone.
+        {"processes": "kodelet"},
         # 8, 9: a follow-up of the finished child: the same conversation, a new run.
         {
             "tool": "followup_agent",
@@ -119,7 +124,7 @@ async def test_it_runs_kodelet_subagents_as_canopy_children(daphne_factory):
         results = inner.results[root.run_id]
         assert [r["tool"] for r in results] == [
             "spawn_agent", "spawn_agent", "wait_agent", "list_agents", "spawn_agent",
-            "steer_agent", "cancel_agent", "followup_agent", "wait_agent",
+            "steer_agent", "cancel_agent", "processes", "followup_agent", "wait_agent",
         ]  # fmt: skip
         assert "requires live conversation forking" in content(results, 0), results[0]
         assert "Done with Review it" in content(results, 2), results[2]
@@ -127,7 +132,8 @@ async def test_it_runs_kodelet_subagents_as_canopy_children(daphne_factory):
         assert [a["name"] for a in listed] == ["reviewer"]
         assert results[5]["result"]["structuredContent"]["accepted"] is True
         assert "Canceled agent 'slow'" in content(results, 6), results[6]
-        assert "Done with Again" in content(results, 8), results[8]
+        assert content(results, 7) == "0", "a kodelet acp process outlived cancel_agent"
+        assert "Done with Again" in content(results, 9), results[9]
         record = await tree(root.run_id)
     root_run, children = record["root"], record["children"]
     by_conversation: dict[str, list[Run]] = {}
@@ -211,3 +217,52 @@ async def test_it_stops_the_agents_and_releases_their_leases_when_the_hosting_ru
     assert child.cancelled and child.depth == 1
     assert [lease["state"] for lease in record["leases"]] == ["released"]
     assert kodelet_processes() == []
+
+
+async def test_the_trees_budget_and_approvals_apply_to_kodelet_children(
+    daphne_factory, operator_token
+):
+    """A kodelet-subagent agent is a child like any other: its approval is an inbox item of
+    that child run in the hosting tree, the operator's denial reaches it; and a spawn past the
+    tree's budget (maxRuns 1) is refused, kodelet-subagent reporting the budget's error."""
+    server = daphne_factory()
+    asking = ScriptedEngine(
+        ScriptedConfig(pace=0.02, steps=1, fanout=0, depth=0, tool_fail_rate=0.0, approval_rate=1.0)
+    )
+    inner = ToolScriptEngine(asking)
+    engine = ExtensionHosting(inner, {"boss": (SUBAGENT,)})
+    fresh = {"context_mode": "fresh"}
+    script = [
+        {"tool": "spawn_agent", "input": {"name": "asker", "task": "Test" + plan("a"), **fresh}},
+        {"tool": "wait_agent", "input": {"agent_id": "$asker", "timeout_ms": 60000}},
+        {"tool": "spawn_agent", "input": {"name": "extra", "task": "More" + plan("b"), **fresh}},
+        {"tool": "wait_agent", "input": {"agent_id": "$extra", "timeout_ms": 30000}},
+    ]
+    token = await new_token("kodelet-rules")
+    auth = {"Authorization": f"Bearer {operator_token}"}
+    async with (
+        RunnerHost(server.ws_url, token, engine, client_options=FAST) as host,
+        httpx.AsyncClient(base_url=server.http_url, headers=auth, timeout=30) as http,
+    ):
+        root = await host.open_root(json.dumps(script), profile="boss", budget={"maxRuns": 1})
+        for _ in range(300):
+            items = (await http.get("/api/approvals", params={"status": "pending"})).json()
+            mine = [i for i in items["items"] if i["rootRunId"] == root.run_id]
+            if mine:
+                break
+            await asyncio.sleep(0.1)
+        [asked] = mine
+        assert (asked["depth"], asked["toolName"], asked["profile"]) == (1, "Bash", "worker")
+        url = f"/api/approvals/{asked['approvalId']}/decision"
+        body = {"decision": "deny", "message": "not on this branch"}
+        assert (await http.post(url, json=body)).status_code == 200
+        await host.wait(root.run_id, timeout=90)
+        results = inner.results[root.run_id]
+        record = await tree(root.run_id)
+    [child] = record["children"]
+    assert child.run_id == asked["runId"] and child.status == "succeeded"
+    said = " ".join(e["text"] or "" for e in record["events"][child.run_id])
+    assert "not on this branch" in said, said  # the denial reached the kodelet child
+    refused = results[3]["result"]
+    assert refused["structuredContent"]["status"] == "failed", refused
+    assert "budget" in refused["error"] and "maxRuns" in refused["error"], refused

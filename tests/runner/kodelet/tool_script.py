@@ -3,7 +3,8 @@
 Its message is a JSON list of steps: ``{"tool": name, "input": {...}}`` calls a tool (a string
 ``"$name"`` in the input is the id of the agent spawned under that name), ``{"sleep": s}``
 waits, ``{"until": name, "status": s}`` polls ``list_agents`` until that agent's run has the
-status. Every call is recorded (as tool-use / tool-result events and in ``results``) so a test
+status, ``{"processes": "kodelet"}`` waits (up to 10 s) until no ``kodelet acp`` of this run's
+extensions is left and records how many were still there. Every call is recorded (as tool-use / tool-result events and in ``results``) so a test
 sees what kodelet-subagent answered.
 """
 
@@ -11,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from typing import Any
 
 from delegation.client import Preset, RpcError, event
 from delegation.runner.host import Outcome, RunContext
 from delegation.runner.kodelet.engine import extensions_of
+from delegation.runner.kodelet.hosted import SOCKET_ENV
 from delegation.runner.scripted import ScriptedConfig, ScriptedEngine
 
 
@@ -56,6 +59,11 @@ class ToolScriptEngine:
             if "until" in step:
                 await self.until(ctx, tools, ids[step["until"]], step["status"])
                 continue
+            if "processes" in step:
+                sockets = [ext.bridge.path for ext in tools.hosted]
+                left = await processes_gone(ctx, sockets)
+                record.append({"tool": "processes", "result": {"content": str(left)}})
+                continue
             name, call_id = step["tool"], f"call-{index}"
             tool_input = substitute(step.get("input", {}), ids)
             await ctx.emit(
@@ -85,6 +93,34 @@ class ToolScriptEngine:
                 if any(a["agent_id"] == agent_id and a["status"] == status for a in agents):
                     return
                 await ctx.sleep(0.1)
+
+
+async def processes_gone(ctx: RunContext, sockets: list[str]) -> int:
+    """How many ``kodelet acp`` processes serving these bridge sockets are left (their
+    environment names the socket: another test's are not counted), waiting up to 10 s."""
+    left = 0
+    for _ in range(100):
+        left = len(kodelet_processes(sockets))
+        if not left:
+            return 0
+        await ctx.sleep(0.1)
+    return left
+
+
+def kodelet_processes(sockets: list[str]) -> list[int]:
+    wanted = {f"{SOCKET_ENV}={path}".encode() for path in sockets}
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = set(f.read().split(b"\0"))
+        except OSError:
+            continue
+        if b"delegation.runner.kodelet.acp" in cmdline and wanted & environ:
+            found.append(int(pid))
+    return found
 
 
 def substitute(value: Any, ids: dict[str, str]) -> Any:

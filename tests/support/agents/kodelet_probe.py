@@ -1,6 +1,6 @@
 """A kodelet extension written with kodelet's own SDK (kodelet-sdk from PyPI) that uses the
-host methods kodelet-subagent does not: a tool update, a notification, a confirmation; and
-one that dies, so its host's restart shows. Run as ``python kodelet_probe.py``."""
+host methods kodelet-subagent does not: a tool update, a notification, a confirmation, a
+choice, a line of text; a tool its ``agent.init`` handler disables; and one that dies, so its host's restart shows. Run as ``python kodelet_probe.py``."""
 
 from __future__ import annotations
 
@@ -31,6 +31,28 @@ async def ask(input: AskInput, ctx: ToolContext) -> str:
 async def pick(_input: NoInput, ctx: ToolContext) -> str:
     value = await ctx.ui.select({"title": "Which colour?", "options": ["red", "green"]})
     return f"picked={value}"
+
+
+class NameInput(BaseModel):
+    title: str
+
+
+@ext.tool("name_it", description="Ask the operator for a line of text", input_schema=NameInput)
+async def name_it(input: NameInput, ctx: ToolContext) -> str:
+    value = await ctx.ui.input(
+        {"title": input.title, "message": "Name the release", "placeholder": "e.g. Aspen"}
+    )
+    return f"named={value}"
+
+
+@ext.tool("hidden", description="Disabled by agent.init", input_schema=NoInput)
+async def hidden(_input: NoInput, _ctx: ToolContext) -> str:
+    return "hidden ran"
+
+
+@ext.on("agent.init")
+async def init(_event, _ctx) -> dict:
+    return {"tools": {"disable": ["hidden"]}}
 
 
 @ext.tool("pid", description="This process's id", input_schema=NoInput)
