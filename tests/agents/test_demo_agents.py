@@ -127,6 +127,11 @@ def test_it_grows_a_tree_of_real_claude_code_runs_in_one_command(tmp_path):
         assert len(asked) == 1, asked
         assert asked[0]["toolName"] == SHELL
         assert asked[0]["input"]["command"] == REVIEW_NOTES["command"]
+        # Issue 38: and one lease, held by the scripted lease runner's root, to release.
+        held = held_lease(base, token)
+        assert held["runnerId"] == "demo-leases" and held["childCount"] == 2, held
+        released = post(f"{base}/leases/{held['id']}/release", token, {"reason": "demo"})
+        assert released["state"] == "released", released
         root, children = tree
         assert root["status"] == "succeeded", root
         assert ROOT_MESSAGE in root["task"] or root["task"] == "", root
@@ -158,6 +163,18 @@ def api_token(env) -> str:
             return made.stdout.strip().splitlines()[-1]
         assert time.monotonic() < deadline, made.stderr
         time.sleep(1)
+
+
+def held_lease(base: str, token: str, timeout: float = 30.0) -> dict:
+    """The one active lease, once its root has started both children under it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        items = get(f"{base}/leases?state=active", token)["items"]
+        if len(items) == 1 and items[0]["childCount"] == 2:
+            return items[0]
+        assert len(items) <= 1, items
+        assert time.monotonic() < deadline, f"no lease with two children: {items}"
+        time.sleep(0.5)
 
 
 def pending_approvals(base: str, token: str) -> list[dict]:
