@@ -112,7 +112,7 @@ demo-agents: install agent-claude $(DEV_KEY)
 	@mkdir -p var && sed 's/127\.0\.0\.1:8765/127.0.0.1:$(MODEL_PORT)/g' '$(DEMO_PRESETS)' > $(DEMO_PRESETS_RUN)
 	@PATH="$(CURDIR)/$(AGENTS_DIR)/node_modules/.bin:$$PATH" $(KEYED) $(PY) manage.py demo \
 	  --host $(HOST) --port $(PORT) --presets '$(DEMO_PRESETS_RUN)' --model-stub $(MODEL_PORT) \
-	  '--root=$(DEMO_ROOT)' --root-profile claude --workspace '$(DEMO_WORKSPACE)'
+	  '--root=$(DEMO_ROOT)' --root-profile claude --workspace '$(DEMO_WORKSPACE)' --lease-runner
 
 # The server alone, without the demo runner.
 serve: install $(DEV_KEY)

@@ -76,6 +76,10 @@ class ApprovalPolicy(models.Model):
     source = models.CharField(max_length=16, default="operator")
     updated_at = models.DateTimeField(default=timezone.now)
 
+    class Meta:
+        # Django's default adds an "s": "approval policys" in the admin (issue 38).
+        verbose_name_plural = "approval policies"
+
     def __str__(self):
         return f"policy of {self.run_id}"
 

@@ -29,6 +29,9 @@ class SsoIdentity(models.Model):
     refresh_token = models.TextField(blank=True, default="")
 
     class Meta:
+        verbose_name = "SSO identity"
+        # Django's default adds an "s" (issue 38: "sso identitys", "retention passs").
+        verbose_name_plural = "SSO identities"
         constraints = [
             models.UniqueConstraint(fields=["issuer", "subject"], name="sso_identity_unique")
         ]
@@ -50,6 +53,7 @@ class RetentionPass(models.Model):
 
     class Meta:
         ordering = ["-started_at", "-id"]
+        verbose_name_plural = "retention passes"
 
     def __str__(self):
         return f"retention pass {self.pk} at {self.started_at:%Y-%m-%d %H:%M}"

@@ -92,6 +92,15 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     scripted.add_argument("--tool-fail-rate", type=float, default=None)
     scripted.add_argument("--long-rate", type=float, default=None)
     scripted.add_argument("--long-seconds", type=float, default=None)
+    scripted.add_argument(
+        "--approval-rate", type=float, default=None, help="share of runs that ask an operator"
+    )
+    scripted.add_argument(
+        "--lease-rate",
+        type=float,
+        default=None,
+        help="share of delegating runs that start their children under a lease they keep",
+    )
 
     roots = parser.add_argument_group("top-level runs")
     roots.add_argument(
@@ -256,6 +265,8 @@ def build_engine(args):
         ("tool_fail_rate", "tool_fail_rate"),
         ("long_rate", "long_rate"),
         ("long_seconds", "long_seconds"),
+        ("approval_rate", "approval_rate"),
+        ("lease_rate", "lease_rate"),
     ):
         value = getattr(args, name)
         if value is not None:

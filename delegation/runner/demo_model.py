@@ -2,7 +2,10 @@
 
 Real Claude Code grows a small tree offline with it: the root's model delegates two short
 tasks through Canopy's ``delegate`` MCP tool, the first child delegates once more, and each run
-then answers with what its children said. Its own process on loopback (never part of the
+then answers with what its children said. The review writes its notes with a shell command
+first: a command that writes is not in the preset's ``--allowedTools``, so Claude Code asks
+Canopy (``--permission-prompt-tool mcp__canopy__approve``) and the approval waits in the inbox
+(issue 38: the demo showed none). Its own process on loopback (never part of the
 server), on the port the demo presets' ``ANTHROPIC_BASE_URL`` names.
 """
 
@@ -16,6 +19,12 @@ import threading
 from delegation.runner.model_stub import ModelRequest, ModelStub, Reply, Text, ToolCall
 
 DELEGATE = "mcp__canopy__delegate"
+SHELL = "Bash"
+# A write, so it is asked for: Claude Code runs read-only commands (echo, ls) without asking.
+REVIEW_NOTES = {
+    "command": "echo 'The plan holds.' > review-notes.txt",
+    "description": "Write the review notes to review-notes.txt",
+}
 DEFAULT_PORT = 8765
 ROOT_MESSAGE = "[root] Grow a small demo tree"
 # Each task's subtasks, by the tag its message starts with (tags, not words: the CLI adds its
@@ -41,6 +50,9 @@ def demo_script(request: ModelRequest) -> Reply:
     if todo:
         arguments = {"profile": "claude", "message": todo[0], "waitSeconds": 50}
         return ToolCall(DELEGATE, arguments, text=f"{task or 'task'} delegating {todo[0]!r}.")
+    if task == "review" and SHELL in request.tool_names:
+        if not any(u.get("name") == SHELL for u in request.tool_uses):
+            return ToolCall(SHELL, dict(REVIEW_NOTES), text="review writing its notes.")
     heard = [request.tool_result_text(r)[:80] for r in request.tool_results]
     said = "; ".join(heard) if heard else "nothing left to split"
     return Text(f"{task or 'task'} done ({said})")

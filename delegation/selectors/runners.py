@@ -19,6 +19,8 @@ def runner_states() -> list[dict]:
             "lastSeenAt": millis(runner.last_seen_at),
             "lostAt": millis(runner.lost_at),
             "revoked": runner.revoked_at is not None,
+            # Runner.state's one definition (revoked first): the page shows it, never derives it.
+            "state": str(runner.state),
             "presets": [
                 {"extensionId": p.extension_id, "generation": p.generation, "name": p.name}
                 for p in runner.presets.all()

@@ -1,10 +1,12 @@
 """SPEC §12's mapping from the record to OpenTelemetry spans (the SDK's ``ReadableSpan``).
 
-A run is ``invoke_agent {profile}``; each tool call of its stream (a ``tool-use`` event and
+A run is ``invoke_agent {profile}`` (its task in ``gen_ai.agent.description`` when message
+content is exported); each usage report of its stream is an LLM span ``chat {model}`` under it,
+the span Phoenix sums tokens and prices cost from (it counts only LLM-kind spans); each tool call of its stream (a ``tool-use`` event and
 its ``tool-result``) is ``execute_tool {toolName}`` under it; a child run started from a tool
 call hangs under that call's span, otherwise under its parent run's span. Ids are hashes of
 stored identities: the trace id of the root's runId, a run's span id of its runId, a tool
-call's of (runId, toolCallId), so exporting again (or a run's final spans after its
+call's of (runId, toolCallId), a usage report's of (runId, sequence), so exporting again (or a run's final spans after its
 open-run ones) gives the same ids and backends replace rather than duplicate.
 """
 
@@ -58,6 +60,10 @@ def tool_span_id(run_id: str, tool_call_id: str) -> int:
     return _nonzero(int.from_bytes(_digest("tool", run_id, tool_call_id)[:8], "big"))
 
 
+def usage_span_id(run_id: str, sequence: int) -> int:
+    return _nonzero(int.from_bytes(_digest("usage", run_id, str(sequence))[:8], "big"))
+
+
 def _ns(moment) -> int:
     return int(moment.timestamp() * 1_000_000_000)
 
@@ -84,6 +90,13 @@ def _json(value) -> str:
 
 
 @dataclass
+class _Usage:
+    sequence: int
+    at: object
+    data: dict
+
+
+@dataclass
 class RunRow:
     """What a run's span needs, read as plain values (no model instances: a batch of a
     thousand runs with five relations each is most of the export's time otherwise)."""
@@ -98,6 +111,7 @@ class RunRow:
     via: str
     error: str
     output: str
+    task: str
     request: object
     created_at: object
     finished_at: object
@@ -128,6 +142,7 @@ _ROW_FIELDS = {
     "via": "via",
     "error": "error",
     "output": "output",
+    "task": "task",
     "request": "request",
     "created_at": "created_at",
     "finished_at": "finished_at",
@@ -159,7 +174,7 @@ def build_spans(runs: list[RunRow], *, now=None, capture: bool | None = None) ->
     capture = (
         settings.OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT if capture is None else capture
     )
-    calls, models = _stream_of(runs)
+    calls, models, usages = _stream_of(runs)
     started_by_call = _parent_calls(runs)
     res = resource()
     spans: list[ReadableSpan] = []
@@ -169,12 +184,16 @@ def build_spans(runs: list[RunRow], *, now=None, capture: bool | None = None) ->
         )
         for call in calls.get(run.pk, ()):
             spans.append(_tool_span(run, call, res=res, now=now, capture=capture))
+        for usage in usages.get(run.pk, ()):
+            spans.append(_usage_span(run, usage, models.get(run.pk), res=res))
     return spans
 
 
 def _stream_of(runs):
-    """Each run's tool calls in stream order, and the model its latest usage named."""
+    """Each run's tool calls and usage reports in stream order, and the model its latest
+    usage named."""
     calls: dict[int, list[_ToolCall]] = defaultdict(list)
+    usages: dict[int, list[_Usage]] = defaultdict(list)
     open_calls: dict[tuple[int, str], _ToolCall] = {}
     models: dict[int, str] = {}
     rows = (
@@ -182,6 +201,7 @@ def _stream_of(runs):
         .order_by("run_id", "sequence")
         .values_list(
             "run_id",
+            "sequence",
             "kind",
             "tool_name",
             "tool_call_id",
@@ -193,10 +213,12 @@ def _stream_of(runs):
         )
         .iterator(chunk_size=2000)
     )
-    for run_pk, kind, name, call_id, data, output, success, error, at in rows:
+    for run_pk, sequence, kind, name, call_id, data, output, success, error, at in rows:
         if kind == "usage":
-            if isinstance(data, dict) and isinstance(data.get("model"), str) and data["model"]:
-                models[run_pk] = data["model"]
+            if isinstance(data, dict):
+                usages[run_pk].append(_Usage(sequence, at, data))
+                if isinstance(data.get("model"), str) and data["model"]:
+                    models[run_pk] = data["model"]
             continue
         if not call_id:
             continue
@@ -210,7 +232,7 @@ def _stream_of(runs):
             call.ended, call.success, call.result, call.error = at, success, output, error
             if name and call.name == "tool":
                 call.name = name
-    return calls, models
+    return calls, models, usages
 
 
 def _parent_calls(runs) -> set[tuple[int, str]]:
@@ -259,6 +281,10 @@ def _run_span(run: RunRow, model, started_by_call, *, res, now, capture) -> Read
     attributes.update(_usage_attributes(run))
     if capture:
         attributes.update(_content_attributes(run))
+        if run.task:
+            # What ran, beside the SPEC's name (issue 38): the task is message text, so only
+            # with content capture.
+            attributes[gen_ai.GEN_AI_AGENT_DESCRIPTION] = run.task
     if run.status in ERROR_STATUSES:
         status = Status(StatusCode.ERROR, (run.error or run.status)[:500])
         attributes["error.type"] = run.status
@@ -297,6 +323,51 @@ def _usage_attributes(run: RunRow) -> dict:
             }
         )
     return attributes
+
+
+def _count(data: dict, key: str) -> int:
+    value = data.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _usage_span(run: RunRow, usage: _Usage, run_model, *, res) -> ReadableSpan:
+    """One usage report as an LLM span: Phoenix adds its ``llm.token_count.*`` into the
+    trace's totals and prices it from ``llm.model_name`` (its own price table, where the
+    operator enters the model's prices). The figures are the stored event's, the same ones
+    Canopy's rollups add up."""
+    data = usage.data
+    model = data.get("model") if isinstance(data.get("model"), str) and data["model"] else None
+    model = model or run_model or "unknown"
+    tokens_in = _count(data, "inputTokens")
+    tokens_out = _count(data, "outputTokens")
+    attributes = {
+        gen_ai.GEN_AI_OPERATION_NAME: gen_ai.GenAiOperationNameValues.CHAT.value,
+        gen_ai.GEN_AI_REQUEST_MODEL: model,
+        gen_ai.GEN_AI_RESPONSE_MODEL: model,
+        gen_ai.GEN_AI_USAGE_INPUT_TOKENS: tokens_in,
+        gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS: tokens_out,
+        OPENINFERENCE_KIND: "LLM",
+        "llm.model_name": model,
+        "llm.token_count.prompt": tokens_in,
+        "llm.token_count.completion": tokens_out,
+        "llm.token_count.total": tokens_in + tokens_out,
+        "canopy.run": run.run_id,
+    }
+    cost = data.get("costUsd")
+    if isinstance(cost, (int, float)) and not isinstance(cost, bool):
+        attributes[COST_AMOUNT] = float(cost)
+        attributes[COST_CURRENCY] = "USD"
+    return _span(
+        f"chat {model}",
+        trace_id(_root_run_id(run)),
+        usage_span_id(run.run_id, usage.sequence),
+        run_span_id(run.run_id),
+        attributes,
+        Status(StatusCode.OK),
+        usage.at,
+        usage.at,
+        res,
+    )
 
 
 def _content_attributes(run: RunRow) -> dict:

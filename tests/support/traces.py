@@ -27,7 +27,7 @@ class TraceTree:
     a: str
     g: str
     b: str
-    spans: int = 8  # 4 runs + 4 tool calls
+    spans: int = 11  # 4 runs + 4 tool calls + 3 usage reports (LLM spans)
 
 
 def _usage(tokens_in, tokens_out, cost, model="claude-test-1", **more):

@@ -137,6 +137,9 @@ def test_it_answers_a_subtree_as_otlp_json_with_the_same_ids_every_time(as_, set
         + ["invoke_agent reviewer"]
         + ["execute_tool delegate"] * 2
         + ["execute_tool grep", "execute_tool shell"]
+        # Each usage report is an LLM span (issue 38: what Phoenix sums).
+        + ["chat claude-test-1"] * 2
+        + ["chat claude-small"]
     )
     failed = next(s for s in found if s["spanId"] == f"{mapping.run_span_id(tree.g):016x}")
     assert failed["status"] == {"code": 2, "message": "boom"}
@@ -145,7 +148,7 @@ def test_it_answers_a_subtree_as_otlp_json_with_the_same_ids_every_time(as_, set
 
     # A subtree: the child run, its tool calls and its own child, same ids.
     sub = _spans(viewer.get(f"/api/runs/{tree.a}/trace").json())
-    assert len(sub) == 5
+    assert len(sub) == 7  # A, its 3 tool calls, G, and their 2 usage reports
     assert {s["spanId"] for s in sub} <= {s["spanId"] for s in found}
     assert viewer.get("/api/runs/nope/trace").status_code == 404
     assert as_("anonymous").get(f"/api/runs/{tree.root}/trace").status_code in (401, 403)
@@ -158,6 +161,8 @@ def test_it_answers_a_subtree_as_otlp_json_with_the_same_ids_every_time(as_, set
     child = by_id[f"{mapping.run_span_id(tree.a):016x}"]
     assert SECRET in child["gen_ai.input.messages"]["stringValue"]
     assert SECRET in child["gen_ai.output.messages"]["stringValue"]
+    # The task says what ran, beside the SPEC's span name (message text: capture only).
+    assert child["gen_ai.agent.description"]["stringValue"] == f"task {SECRET}"
     tool = by_id[f"{mapping.tool_span_id(tree.a, 'g-1'):016x}"]
     assert SECRET in tool["gen_ai.tool.call.arguments"]["stringValue"]
     assert SECRET in tool["gen_ai.tool.call.result"]["stringValue"]
@@ -168,7 +173,7 @@ def test_it_sends_one_tree_now_with_export_traces(receiver, settings, as_, capsy
     tree = build_trace_tree("cmd")
     _exported(settings, receiver.url)
     call_command("export_traces", "--root", tree.root)
-    assert "sent 8 spans" in capsys.readouterr().out
+    assert "sent 11 spans" in capsys.readouterr().out
     expected = _span_ids(as_("viewer").get(f"/api/runs/{tree.root}/trace").json())
     assert sorted(receiver.span_ids()) == sorted(expected)
 

@@ -1,6 +1,7 @@
 // The overview's headline numbers and charts (_overview_stats.html): drawn from the page's
 // JSON, then refreshed from GET /api/overview every few seconds while the page is visible.
-const STATUSES = ["running", "succeeded", "failed", "cancelled", "lost"];
+import { STATUSES } from "./statuses.js";
+
 const SVG = "http://www.w3.org/2000/svg";
 const root = document.getElementById("overview-stats");
 const REFRESH_MS = 5000;

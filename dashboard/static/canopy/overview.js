@@ -2,8 +2,8 @@
 // trees as they open (inserted at the top on the unfiltered first page, else announced).
 import { bindLiveState, el, startTicking } from "./common.js";
 import { LiveClient } from "./live.js";
+import { STATUSES, isTerminal } from "./statuses.js";
 
-const STATUSES = ["running", "succeeded", "failed", "cancelled", "lost"];
 const table = document.getElementById("trees-table");
 const tbody = table.querySelector("tbody");
 const roots = JSON.parse(document.getElementById("live-roots").textContent);
@@ -91,7 +91,7 @@ function applySummary(frame) {
     cost.append(" ", el("span", { class: "mark mark-budget", "data-role": "budget-stopped" }, "stopped"));
   }
   const duration = tr.querySelector("[data-duration]");
-  if (duration && frame.status !== "running" && !duration.dataset.end) duration.dataset.end = String(Date.now());
+  if (duration && isTerminal(frame.status) && !duration.dataset.end) duration.dataset.end = String(Date.now());
 }
 
 live.subscribeRoots(roots, insertNew || true, {

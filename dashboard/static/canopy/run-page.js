@@ -70,6 +70,7 @@ function setText(selector, value) {
 
 const RESULT_WORDS = {
   running: "Still running.",
+  paused: "Paused: it waits for an operator to resume it.",
   succeeded: "Finished: it succeeded.",
   failed: "Finished: it failed.",
   cancelled: "Cancelled before it finished.",

@@ -1,6 +1,7 @@
 // The runners page: connection state, generation, host instance and presets, live.
 import { bindLiveState, el, startTicking } from "./common.js";
 import { LiveClient } from "./live.js";
+import { RUNNER_STATES } from "./statuses.js";
 
 const tbody = document.querySelector("#runners-table tbody");
 const live = new LiveClient();
@@ -8,10 +9,11 @@ window.canopyLive = live;
 bindLiveState(live);
 startTicking();
 
+// The server derives the state (Runner.state: revoked first, then connected, lost,
+// disconnected); the page only shows it.
 function connection(r) {
-  if (r.connected) return el("span", { class: "chip chip-succeeded" }, "connected");
-  if (r.lostAt) return el("span", { class: "chip chip-lost" }, "lost");
-  return el("span", { class: "chip chip-cancelled" }, "disconnected");
+  if (!RUNNER_STATES.includes(r.state)) throw new Error(`runners.js: unknown runner state ${r.state}`);
+  return el("span", { class: `chip chip-runner-${r.state}` }, r.state);
 }
 
 live.subscribeRunners({
@@ -20,7 +22,10 @@ live.subscribeRunners({
       const tr = tbody.querySelector(`tr[data-runner-id="${CSS.escape(r.runnerId)}"]`);
       if (!tr) continue;
       tr.dataset.connected = r.connected ? "1" : "0";
-      tr.querySelector("[data-role=connection]").replaceChildren(connection(r));
+      tr.dataset.state = r.state;
+      const cell = tr.querySelector("[data-role=connection]");
+      cell.dataset.state = r.state;
+      cell.replaceChildren(connection(r));
       tr.querySelector("[data-role=generation]").textContent = r.generation;
       tr.querySelector("[data-role=host]").textContent = r.hostInstanceId || "—";
       const seen = tr.querySelector("[data-role=last-seen]");

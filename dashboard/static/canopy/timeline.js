@@ -65,6 +65,7 @@ export class Timeline {
       failed: pick("--fail", "#dc2626"),
       cancelled: pick("--cancel", "#a3a3a3"),
       lost: pick("--lost", "#9333ea"),
+      paused: pick("--warn", "#b54708"),
       text: pick("--muted", "#666"),
       line: pick("--line", "#ddd"),
     };

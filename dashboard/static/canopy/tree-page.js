@@ -3,6 +3,7 @@
 import { bindLiveState, el, startTicking } from "./common.js";
 import { LiveClient } from "./live.js";
 import { Timeline } from "./timeline.js";
+import { STATUSES } from "./statuses.js";
 import { TreeView } from "./tree.js";
 
 const panel = document.getElementById("tree");
@@ -26,7 +27,7 @@ function refreshHeader() {
   document.querySelector("#tree-stats [data-role=depth]").textContent = deepest;
   const box = document.getElementById("tree-counts");
   box.replaceChildren(
-    ...["running", "succeeded", "failed", "cancelled", "lost"]
+    ...STATUSES
       .filter((s) => counts[s])
       .map((s) => el("span", { class: `count count-${s}`, title: s }, el("i"), `${counts[s]} ${s}`)),
   );

@@ -4,12 +4,12 @@
 // element has [data-run-id], [data-status] and [data-depth]. Filters (status, depth, text) keep
 // the ancestors of every match visible; search and jump reveal, scroll to and select a run.
 import { el, formatDuration, formatTTL, now } from "./common.js";
+import { TERMINAL as TERMINAL_LIST } from "./statuses.js";
 
 const ROW_HEIGHT = 28;
 const OVERSCAN = 12;
 const CONCLUSION_MARKS = { done: "✓", partial: "◐", blocked: "⏸", failed: "✗" };
-const TERMINAL = new Set(["succeeded", "failed", "cancelled", "lost"]);
-const STATUSES = ["running", "succeeded", "failed", "cancelled", "lost"];
+const TERMINAL = new Set(TERMINAL_LIST);
 
 export class TreeView extends EventTarget {
   constructor(container, { topId, mini = false, linkRuns = true, focusId = "", keyTarget = null }) {
@@ -535,4 +535,3 @@ function approvalMarker(row) {
 }
 
 TreeView.versions = 0;
-export { STATUSES };

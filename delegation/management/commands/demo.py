@@ -15,6 +15,11 @@ agents) on that presets file instead of the scripted demo, e.g. the README's rea
 its own process on 127.0.0.1:PORT) and supervises it with the others: ``make demo-agents`` runs
 real Claude Code on it, offline, from ``deploy/presets/demo-claude.json``.
 
+``--lease-runner`` also runs a second, scripted runner (``demo-leases``) whose one root starts
+two children under a lease it keeps after it ends: real Claude Code delegates through the MCP
+``delegate`` tool, which holds no lease, so ``make demo-agents`` shows a lease to release this
+way (issue 38).
+
 ``--no-serve`` only prepares the account and the token (``--print-token`` prints the token
 alone on the last line, for scripts that start the processes themselves).
 """
@@ -41,6 +46,8 @@ from delegation.services import tokens
 
 BASE_DIR = Path(settings.BASE_DIR)
 RUNNER_NAME = "demo-runner"
+LEASE_RUNNER_NAME = "demo-leases"
+LEASE_ROOT = "[lease] Keep two workers on call"
 # The server's own secrets: the demo runner is started without them.
 SERVER_SECRETS = (
     "SECRET_KEY",
@@ -77,6 +84,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--model-stub", type=int, default=None, metavar="PORT", help="scripted model port"
         )
+        parser.add_argument(
+            "--lease-runner",
+            action="store_true",
+            help=f"also run the scripted runner {LEASE_RUNNER_NAME}, which holds one lease",
+        )
 
     def handle(self, *args, **opts):
         password = secrets.token_urlsafe(12)
@@ -90,6 +102,9 @@ class Command(BaseCommand):
             stdout=io.StringIO(),  # quiet: the password is printed below, once
         )
         _runner, token = tokens.create_runner(RUNNER_NAME)
+        lease_token = None
+        if opts.get("lease_runner"):
+            _runner, lease_token = tokens.create_runner(LEASE_RUNNER_NAME)
         base = f"http://{reachable_host(opts['host'])}:{opts['port']}"
 
         def welcome():
@@ -100,6 +115,8 @@ class Command(BaseCommand):
             self.stdout.write(f"  user      : {opts['username']} (role admin)")
             self.stdout.write(f"  password  : {password}   (shown once; rerun to get a new one)")
             self.stdout.write(f"  runner    : {RUNNER_NAME} (token rotated)")
+            if lease_token:
+                self.stdout.write(f"  runner    : {LEASE_RUNNER_NAME} (scripted; holds a lease)")
             self.stdout.write("")
 
         if opts["no_serve"]:
@@ -109,13 +126,13 @@ class Command(BaseCommand):
             return
         # Printed once the server answers, after everything the install and the server's
         # start printed (issue 38: 388 lines of install output scrolled the password away).
-        code = self.serve(token, opts, welcome)
+        code = self.serve(token, opts, welcome, lease_token=lease_token)
         if code:
             raise SystemExit(code)
 
     # -- processes -----------------------------------------------------------------------
 
-    def serve(self, token: str, opts, welcome) -> int:
+    def serve(self, token: str, opts, welcome, *, lease_token: str | None = None) -> int:
         # Server and demo runner started, watched and stopped together, in that order.
         host, port = opts["host"], opts["port"]
         if answers(host, port):
@@ -142,7 +159,7 @@ class Command(BaseCommand):
         previous = {sig: signal.signal(sig, on_signal) for sig in stop_signals}
         # Own sessions: a terminal Ctrl-C reaches only this supervisor, which then stops the
         # runner before the server, so running executions end as cancelled, not lost.
-        server = runner = model = None
+        server = runner = model = leases = None
         try:
             if opts.get("model_stub") is not None:
                 model = self.start_model(opts["model_stub"], runner_env)
@@ -162,6 +179,8 @@ class Command(BaseCommand):
             )
             os.close(token_fd)
             token_fd = None
+            if lease_token:
+                leases = start_with_token(lease_runner_command(opts), lease_token, runner_env)
             what = (
                 f"the {opts['engine']} runner on {opts['presets']}"
                 if opts["presets"]
@@ -176,6 +195,9 @@ class Command(BaseCommand):
                 if runner.poll() is not None:
                     self.stderr.write(f"The demo runner exited ({runner.returncode}).")
                     return 1
+                if leases is not None and leases.poll() is not None:
+                    self.stderr.write(f"The lease runner exited ({leases.returncode}).")
+                    return 1
                 if model is not None and model.poll() is not None:
                     self.stderr.write(f"The scripted model exited ({model.returncode}).")
                     return 1
@@ -187,6 +209,7 @@ class Command(BaseCommand):
                 signal.signal(sig, handler)
             if token_fd is not None:
                 os.close(token_fd)
+            stop_server(leases)
             stop_server(runner)
             stop_server(server)
             stop_server(model)
@@ -206,6 +229,58 @@ class Command(BaseCommand):
                 return None
             time.sleep(0.1)
         return model
+
+
+def start_with_token(cmd: list[str], token: str, env: dict) -> subprocess.Popen:
+    """A runner process reading its token from a pipe (never its argv or environment)."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, token.encode("utf-8"))
+    os.close(write_end)
+    try:
+        return subprocess.Popen(
+            [*cmd, "--token-fd", str(read_end)],
+            cwd=BASE_DIR,
+            env=env,
+            start_new_session=True,
+            pass_fds=(read_end,),
+        )
+    finally:
+        os.close(read_end)
+
+
+def lease_runner_command(opts) -> list[str]:
+    """One scripted root whose two children run under a lease it keeps after it ends."""
+    host, port = opts["host"], opts["port"]
+    return [
+        sys.executable,
+        "-m",
+        "delegation.runner",
+        "--url",
+        f"ws://{reachable_host(host)}:{port}/ws/runner/",
+        "--host-instance-id",
+        f"demo-leases-{socket.gethostname()}-{os.getpid()}"[:128],
+        "--engine",
+        "scripted",
+        "--extension-id",
+        "demo-leases",
+        f"--root={LEASE_ROOT}",
+        "--levels",
+        "1",
+        "--fanout",
+        "2",
+        "--steps",
+        "1",
+        "--pace",
+        "0.3",
+        "--fail-rate",
+        "0",
+        "--long-rate",
+        "0",
+        "--approval-rate",
+        "0",
+        "--lease-rate",
+        "1",
+    ]
 
 
 def runner_command(opts, seed: int) -> list[str]:
