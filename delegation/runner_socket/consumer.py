@@ -1,13 +1,14 @@
 """The runner WebSocket (SPEC §5): JSON-RPC 2.0 frames in, service calls, answers out.
 
-Thin on purpose: it authenticates the handshake, decodes frames strictly, dispatches each
-method to ``delegation.rpc`` (which validates params and calls the typed services) and sends
+Thin on purpose: it authenticates the handshake, checks each frame's envelope once
+(``envelope``), dispatches each method to ``methods`` (which validates params and calls the
+typed services) and sends
 server-to-runner commands from the outbox. Frames are handled one at a time in arrival order,
 which is what makes ``run.event`` numbering meaningful; only the wait of
 ``child.lease.release`` runs aside, because the children it waits for finish through frames
-on this very connection. ``run.event`` frames (with those already waiting behind them) go to
-the process's group commit (``delegation.frame_groups``) and are still answered one by one,
-in order.
+on this very connection. Every ``run.event`` frame (with those already waiting behind it, or
+alone as a group of one) goes to the process's group commit (``frame_groups``) and is still
+answered one by one, in order.
 """
 
 from __future__ import annotations
@@ -419,12 +420,12 @@ class RunnerSocketConsumer(AsyncWebsocketConsumer):
         await fences.recheck(self)
 
     async def close_fenced(self):
-        """Another socket registered as this runner (``socket_fences`` read it)."""
+        """Another socket registered as this runner (``fences`` read it)."""
         self.fenced = True
         await self.close(code=CLOSE_FENCED)
 
     async def close_revoked(self):
-        """The runner's credential was revoked or rotated (``socket_fences`` read it)."""
+        """The runner's credential was revoked or rotated (``fences`` read it)."""
         self.fenced = True
         for task in list(self.background):
             task.cancel()
