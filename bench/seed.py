@@ -28,8 +28,8 @@ from django.db import OperationalError, connection, transaction  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from delegation import rpc  # noqa: E402
 from delegation.models import Event, Run, RunStatus, Session  # noqa: E402
+from delegation.runner_socket import methods  # noqa: E402
 from delegation.services import event_store, runners, tokens  # noqa: E402
 
 EXTENSION = {"extensionId": "bench", "generation": 1, "presets": [{"name": "worker"}]}
@@ -39,7 +39,9 @@ TEXT = "hello world " * 4
 def _registered_runner(name: str):
     runner, token = tokens.create_runner(name)
     conn = runners.Connection(runner_pk=runner.pk)
-    _, generation, _ = rpc.register(conn, {"hostInstanceId": "bench", "extensions": [EXTENSION]})
+    _, generation, _ = methods.register(
+        conn, {"hostInstanceId": "bench", "extensions": [EXTENSION]}
+    )
     return runner, token, runners.Connection(runner_pk=runner.pk, generation=generation)
 
 
@@ -47,7 +49,7 @@ def _ceiling_run() -> Run:
     """An open run of a registered runner, for the ceilings to insert its rows into."""
     _runner, _token, conn = _registered_runner(f"ceiling-{uuid.uuid4().hex[:8]}")
     run_id = f"ceiling-{uuid.uuid4().hex}"
-    rpc.open_run(conn, {"conversationId": f"c-{run_id}", "runId": run_id})
+    methods.open_run(conn, {"conversationId": f"c-{run_id}", "runId": run_id})
     return Run.objects.get(run_id=run_id)
 
 
@@ -129,8 +131,8 @@ _NO_FIELDS = (None, None, None, None, None, None, False, "")
 def big_run(events: int) -> dict:
     """A child whose stream holds ``events`` events, for child.read at both ends."""
     _runner, token, conn = _registered_runner("reader")
-    rpc.open_run(conn, {"conversationId": "c-reader-root", "runId": "reader-root"})
-    child = rpc.child_start(
+    methods.open_run(conn, {"conversationId": "c-reader-root", "runId": "reader-root"})
+    child = methods.child_start(
         conn,
         {
             "runId": "reader-root",
@@ -164,7 +166,7 @@ def big_run(events: int) -> dict:
 def tree(runs: int) -> dict:
     """A delegation tree of ``runs`` runs (fan-out 10), plus an operator API token."""
     runner, _token, conn = _registered_runner("tree")
-    rpc.open_run(conn, {"conversationId": "c-tree-root", "runId": "tree-root"})
+    methods.open_run(conn, {"conversationId": "c-tree-root", "runId": "tree-root"})
     root = Run.objects.get(run_id="tree-root")
     now = timezone.now()
     level = [root]

@@ -25,13 +25,13 @@ from canopy.bodylimit import (  # noqa: E402
 )
 from dashboard.live import live_application  # noqa: E402
 from delegation import upkeep  # noqa: E402
-from delegation.consumers import RunnerConsumer  # noqa: E402
 from delegation.mcp.gate import McpGate  # noqa: E402
+from delegation.runner_socket.consumer import RunnerSocketConsumer  # noqa: E402
 from delegation.services.run_tokens import MCP_PATH  # noqa: E402
 
 websocket_routes = [
     # Runners authenticate with their own bearer token; no session, no Origin check.
-    path("ws/runner/", RunnerConsumer.as_asgi()),
+    path("ws/runner/", RunnerSocketConsumer.as_asgi()),
     # Operators: session (exact Origin checked) or an API bearer token.
     path("ws/live/", live_application()),
 ]

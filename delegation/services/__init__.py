@@ -2,7 +2,7 @@
 domain module, e.g. ``from delegation.services.operator import do_steer_run``.
 
 Every service runs in one transaction and takes typed arguments (model rows, pydantic
-objects), never raw JSON-RPC params: ``delegation.rpc`` decodes those for the runner socket.
+objects), never raw JSON-RPC params: ``delegation.runner_socket.methods`` decodes those for the runner socket.
 A refusal raises ``RpcError`` before anything is written, with one deliberate exception: a
 depth refusal commits its ``delegation-refused`` event, then raises.
 """

@@ -1,7 +1,7 @@
 """Children (SPEC §6): the caller's authority, start (caps, narrowing, resume), and the read,
 cancel, steer and lease release of children a caller owns.
 
-Typed on purpose: the runner socket (``delegation.rpc``) and the MCP server
+Typed on purpose: the runner socket (``delegation.runner_socket.methods``) and the MCP server
 (``delegation.mcp``) call these with a ``Caller`` and validated ``Params``; nothing here knows
 about JSON-RPC framing or MCP.
 """

@@ -158,26 +158,17 @@ def _same_event(row: dict, stored: Event) -> bool:
     return all(canonical(row[name]) == canonical(value(name)) for name in _COMPARED)
 
 
-def append_events(conn: Connection, params: RunEventParams) -> dict:
-    """Exactly-once append (SPEC §5): replays are skipped, conflicts and gaps refuse the frame.
-
-    Usage events add to the rollups in the same transaction; a budget they bring to 80% or
-    past a limit is acted on right after the commit (``budgets.enforce``)."""
-    rows, usages = _prepare(params)
-    answer, due = _append(conn, params, rows, usages)
-    if due:
-        budgets.enforce(due)
-    return answer
-
-
 def append_event_frames_of(
     calls: list[tuple[Connection, list[RunEventParams]]],
 ) -> list[list[dict | RpcError]]:
     """Consecutive ``run.event`` frames of one or several connections, committed together
     (group commit); for each call, each frame's answer or RpcError, in order.
 
-    Each frame is checked, stored or refused exactly as ``append_events`` would one after
-    another: a refused frame is refused before it writes anything, so it changes nothing and
+    Every ``run.event`` is stored here, a lone frame as a group of one. Exactly-once (SPEC
+    §5): replays are skipped, conflicts and gaps refuse the frame; usage events add to the
+    rollups in the same transaction, and a budget they bring to 80% or past a limit is acted
+    on right after the commit (``budgets.enforce``). Each frame is checked, stored or refused
+    as if alone, one after another: a refused frame is refused before it writes anything, so it changes nothing and
     the next sees the state before it. A frame carrying usage ends its transaction, so the
     rollup rows stay the last locks a transaction takes (the lock order in
     ``services.locks``)."""
@@ -274,25 +265,14 @@ def _usage_totals(priced) -> dict[str, int]:
 
 
 @retry_conflicts
-def _append(conn: Connection, params: RunEventParams, rows, usages) -> tuple[dict, list[int]]:
-    # One transaction from the locking read to the run's update: exactly-once, gaps,
-    # replays, finished runs and rollups are checked against the same locked state.
-    with transaction.atomic():
-        run, replayed = _check_append(conn, params, rows)
-        return _store_append(params, rows, usages, run, replayed)
-
-
 def _check_append(
-    conn: Connection, params: RunEventParams, rows, *, locked=None, before_reading=None
+    conn: Connection, params: RunEventParams, rows, *, locked: dict, before_reading
 ) -> tuple[Run, int]:
     """The frame's run, locked, and how many of its events are replays; every refusal of a
     frame is raised here, before anything is written, so a frame refused in a group commit
     leaves the group's transaction as it found it (no savepoint needed)."""
-    if locked is None:
-        found = event_store.lock_own_run(params.run_id, conn.runner_pk)
-    else:
-        # Locked by the group: the run as the group's frames before this one left it.
-        found = locked.get((conn.runner_pk, params.run_id))
+    # Locked by the group: the run as the group's frames before this one left it.
+    found = locked.get((conn.runner_pk, params.run_id))
     if found is None:
         current_runner(conn, lock=False)  # a fenced caller hears that first
         raise RpcError(NO_SUCH_RUN, f"runId: no run {params.run_id!r} of this runner")
@@ -315,8 +295,7 @@ def _check_append(
         )
     replayed = max(0, min(len(rows), run.emitted - first + 1))
     if replayed:
-        if before_reading is not None:
-            before_reading()
+        before_reading()
         stored = {
             e.runner_index: e
             for e in Event.objects.filter(
@@ -347,11 +326,11 @@ def agent_session_of(event) -> str:
 
 
 def _store_append(
-    params: RunEventParams, rows, usages, run: Run, replayed: int, pending=None
+    params: RunEventParams, rows, usages, run: Run, replayed: int, pending: _Pending
 ) -> tuple[dict, list[int]]:
-    """Store what ``_check_append`` let through (it refuses nothing: see there); with a
-    group's ``pending``, the events and the run's fields are left there for the group to
-    write before its commit."""
+    """Store what ``_check_append`` let through (it refuses nothing: see there): the events
+    and the run's fields are left in the group's ``pending`` for the group to write before
+    its commit."""
     due: list[int] = []
     # Priced here, inside the transaction, from the table as it is now (SPEC §10).
     priced = prices.price_rows(rows, {i: u for i, u in usages.items() if i >= replayed})
@@ -365,10 +344,7 @@ def _store_append(
             next_sequence += 1
             next_index += 1
             values.append((run.pk, next_sequence, next_index, now, row))
-        if pending is None:
-            event_store.insert_events(values)
-        else:
-            pending.events += values
+        pending.events += values
         fields = ["last_sequence", "emitted", "updated_at"]
         for event in params.events[replayed:]:
             # "A result event sets the run's output", kept whole (not truncated).
@@ -390,10 +366,7 @@ def _store_append(
         run.last_sequence = next_sequence
         run.emitted = next_index
         run.updated_at = now
-        if pending is None:
-            event_store.save_run_fields(run, fields)
-        else:
-            pending.update(run, fields)
+        pending.update(run, fields)
         if "output" in fields:
             # SPEC §9: a canopy-conclusion block ending the output is the run's conclusion.
             conclude_from_output(run, run.output, actor=f"runner:{run.runner.name}")

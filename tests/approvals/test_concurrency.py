@@ -8,8 +8,8 @@ import threading
 import pytest
 from django.db import connections
 
-from delegation import rpc
 from delegation.models import Approval, AuditEntry
+from delegation.runner_socket import methods
 from delegation.selectors.approvals import get_approval
 from delegation.services import approvals
 from delegation.services.identity import Actor
@@ -22,8 +22,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @parallel_writers
 def test_it_gives_two_operators_deciding_at_once_one_decision_and_one_conflict():
     conn = service_connection()
-    rpc.open_run(conn, {"conversationId": "c-root", "runId": "root", "extensionId": "ext"})
-    asked = rpc.approval_request(
+    methods.open_run(conn, {"conversationId": "c-root", "runId": "root", "extensionId": "ext"})
+    asked = methods.approval_request(
         conn, {"runId": "root", "toolCallId": "t", "toolName": "Bash", "input": {"command": "x"}}
     )
     people = [make_person("operator"), make_person("admin")]

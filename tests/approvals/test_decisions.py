@@ -9,9 +9,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from delegation import rpc
 from delegation.errors import RpcError
 from delegation.models import Approval, AuditEntry, Command, Event
+from delegation.runner_socket import methods
 from delegation.services import operator, sweep
 from delegation.services.identity import Actor
 from tests.support.api import start_child
@@ -27,7 +27,7 @@ def _ask(world, run_id: str, call: str, command: str = "touch a", **extra) -> di
         "input": {"command": command},
         **extra,
     }
-    return rpc.approval_request(world.conn, params)
+    return methods.approval_request(world.conn, params)
 
 
 def _decided_commands(run_id: str) -> list[dict]:
@@ -155,7 +155,7 @@ def test_it_refuses_a_request_for_another_runners_run_or_a_bad_policy(world, as_
 
     other = drive_runner("runner-b", "host-2")
     with pytest.raises(RpcError) as refused:
-        rpc.approval_request(
+        methods.approval_request(
             other,
             {"runId": "root-1", "toolCallId": "t", "toolName": "Bash", "input": {}},
         )
@@ -197,10 +197,10 @@ def test_it_takes_a_childs_policy_from_child_start_and_a_launch_policy_from_run_
             },
         },
     }
-    child = rpc.child_start(world.conn, params)
+    child = methods.child_start(world.conn, params)
     assert _ask(world, child["runId"], "t-1", command="git push origin")["decision"] == "deny"
     assert _ask(world, child["runId"], "t-2", command="ls")["decision"] == "allow"
-    rpc.open_run(
+    methods.open_run(
         world.conn,
         {
             "conversationId": "conv-top",
@@ -212,7 +212,7 @@ def test_it_takes_a_childs_policy_from_child_start_and_a_launch_policy_from_run_
     bad = {**params, "request": {**params["request"], "requestId": "req-bad"}}
     bad["request"]["options"] = {"approvals": {"default": "sure"}}
     with pytest.raises(RpcError) as refused:
-        rpc.child_start(world.conn, bad)
+        methods.child_start(world.conn, bad)
     assert "request.options.approvals.default" in refused.value.message
 
 
@@ -241,7 +241,7 @@ def test_it_refuses_a_reused_tool_call_id_with_another_tool_or_input(world, as_,
     params = {"runId": "root-1", "toolCallId": "t-7", "toolName": tool}
     params["input"] = {"command": command} if tool == "Bash" else {"file_path": "/etc/passwd"}
     with pytest.raises(RpcError) as refused:
-        rpc.approval_request(world.conn, params)
+        methods.approval_request(world.conn, params)
     assert refused.value.code == -32013
     assert "toolCallId 't-7' was already asked about with another" in refused.value.message
     assert Approval.objects.filter(run__run_id="root-1").count() == 1  # nothing new stored

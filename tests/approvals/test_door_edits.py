@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from delegation import rpc
 from delegation.errors import INVALID_PARAMS, RpcError
 from delegation.models import Approval, AuditEntry, Command
+from delegation.runner_socket import methods
 from delegation.selectors.approvals import get_approval
 from delegation.services import approvals
 from delegation.services.identity import Actor
@@ -30,7 +30,7 @@ def _ask(world, call: str, **extra) -> dict:
         "kind": "execute",
         **extra,
     }
-    return rpc.approval_request(world.conn, params)
+    return methods.approval_request(world.conn, params)
 
 
 def _decided(approval_id: str) -> list[dict]:

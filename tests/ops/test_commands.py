@@ -4,8 +4,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from delegation import rpc
 from delegation.models import Event, Run, Runner
+from delegation.runner_socket import methods
 from delegation.services import runners, tokens
 
 pytestmark = pytest.mark.django_db
@@ -14,14 +14,14 @@ pytestmark = pytest.mark.django_db
 def _run_with_events(name, finished_days_ago=None):
     runner, _ = tokens.create_runner(f"runner-{name}")
     conn = runners.Connection(runner_pk=runner.pk)
-    _, generation, _ = rpc.register(conn, {"hostInstanceId": "h", "extensions": []})
+    _, generation, _ = methods.register(conn, {"hostInstanceId": "h", "extensions": []})
     conn = runners.Connection(runner_pk=runner.pk, generation=generation)
-    rpc.open_run(conn, {"conversationId": f"c-{name}", "runId": name})
-    rpc.append_events(
+    methods.open_run(conn, {"conversationId": f"c-{name}", "runId": name})
+    methods.append_event_frame(
         conn, {"runId": name, "from": 1, "events": [{"kind": "text", "text": "x"}] * 3}
     )
     if finished_days_ago is not None:
-        rpc.finish_run(conn, {"runId": name})
+        methods.finish_run(conn, {"runId": name})
         Run.objects.filter(run_id=name).update(
             finished_at=timezone.now() - timedelta(days=finished_days_ago)
         )

@@ -18,9 +18,9 @@ import time
 import pytest
 from django.db import connections
 
-from delegation import rpc
 from delegation.errors import RpcError
 from delegation.models import Command, Event, Lease, Run, SteerReceipt
+from delegation.runner_socket import methods
 from delegation.services import runners
 from tests.support.concurrency import (
     in_threads,
@@ -52,8 +52,8 @@ def assert_gap_free(run_id: str) -> list[Event]:
 @parallel_writers
 def test_it_keeps_sequences_gap_free_with_parallel_appenders_steers_and_a_cancel():
     conn = service_connection()
-    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
-    child = rpc.child_start(conn, start_params())
+    methods.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    child = methods.child_start(conn, start_params())
     cid = child["runId"]
     canonical = [{"kind": "text", "text": f"e{i}"} for i in range(1, 121)]
     appenders, steerers = 3, 3
@@ -68,7 +68,9 @@ def test_it_keeps_sequences_gap_free_with_parallel_appenders_steers_and_a_cancel
                 size = rng.randint(1, 9)
                 frame = canonical[cursor - 1 : cursor - 1 + size]
                 answers.append(
-                    rpc.append_events(conn, {"runId": cid, "from": cursor, "events": frame})
+                    methods.append_event_frame(
+                        conn, {"runId": cid, "from": cursor, "events": frame}
+                    )
                 )
                 cursor += len(frame)
             return answers
@@ -76,10 +78,10 @@ def test_it_keeps_sequences_gap_free_with_parallel_appenders_steers_and_a_cancel
             outcomes = []
             for k in range(25):
                 params = on_child(child, message=f"steer {i}.{k}", requestId=f"s{i}-{k}")
-                outcomes.append(rpc.child_steer(conn, params)["outcome"])
+                outcomes.append(methods.child_steer(conn, params)["outcome"])
             return outcomes
         time.sleep(0.05)
-        return rpc.child_cancel(conn, on_child(child))["runId"]
+        return methods.child_cancel(conn, on_child(child))["runId"]
 
     results = in_threads(appenders + steerers + 1, work)
     assert all(r[0] == "ok" for r in results), results
@@ -108,12 +110,12 @@ def test_it_keeps_sequences_gap_free_with_parallel_appenders_steers_and_a_cancel
 @parallel_writers
 def test_it_refuses_conflicting_parallel_frames_all_or_nothing():
     conn = service_connection()
-    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    methods.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
 
     def work(i):
         # Eight writers claim runner events 1..5 with different content: one wins.
         frame = [{"kind": "text", "text": f"w{i}-{k}"} for k in range(5)]
-        return rpc.append_events(conn, {"runId": "root", "from": 1, "events": frame})
+        return methods.append_event_frame(conn, {"runId": "root", "from": 1, "events": frame})
 
     results = in_threads(8, work)
     winners = [r for r in results if r[0] == "ok"]
@@ -130,10 +132,10 @@ def test_it_refuses_conflicting_parallel_frames_all_or_nothing():
 @parallel_writers
 def test_it_creates_exactly_one_child_for_simultaneous_identical_requests():
     conn = service_connection()
-    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    methods.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
     for round_ in range(5):
         params = start_params(request_id=f"same-{round_}")
-        results = in_threads(8, lambda _i, p=params: rpc.child_start(conn, p))
+        results = in_threads(8, lambda _i, p=params: methods.child_start(conn, p))
         assert all(r[0] == "ok" for r in results), results
         assert len({r[1]["runId"] for r in results}) == 1
         assert len({r[1]["conversationId"] for r in results}) == 1
@@ -144,9 +146,9 @@ def test_it_creates_exactly_one_child_for_simultaneous_identical_requests():
 @parallel_writers
 def test_it_refuses_all_but_one_of_simultaneous_different_inputs_for_one_request_id():
     conn = service_connection()
-    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    methods.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
     results = in_threads(
-        8, lambda i: rpc.child_start(conn, start_params(request_id="same", message=f"m{i}"))
+        8, lambda i: methods.child_start(conn, start_params(request_id="same", message=f"m{i}"))
     )
     assert sum(r[0] == "ok" for r in results) == 1, results
     assert all(r == ("rpc", -32013) for r in results if r[0] != "ok"), results
@@ -157,8 +159,8 @@ def test_it_refuses_all_but_one_of_simultaneous_different_inputs_for_one_request
 def test_it_holds_the_concurrency_cap_under_simultaneous_starts(settings):
     settings.DELEGATION_MAX_CONCURRENT = 4
     conn = service_connection()
-    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
-    results = in_threads(12, lambda i: rpc.child_start(conn, start_params(request_id=f"r{i}")))
+    methods.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    results = in_threads(12, lambda i: methods.child_start(conn, start_params(request_id=f"r{i}")))
     assert sum(r[0] == "ok" for r in results) == 4, results
     assert all(r == ("rpc", -32011) for r in results if r[0] != "ok"), results
     assert Run.objects.filter(parent__run_id="root").count() == 4
@@ -168,10 +170,10 @@ def test_it_holds_the_concurrency_cap_under_simultaneous_starts(settings):
 def test_it_holds_the_64_children_cap_under_simultaneous_starts(settings):
     settings.DELEGATION_MAX_CONCURRENT = 1000
     conn = service_connection()
-    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    methods.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
     for i in range(60):
-        rpc.child_start(conn, start_params(request_id=f"pre{i}"))
-    results = in_threads(10, lambda i: rpc.child_start(conn, start_params(request_id=f"r{i}")))
+        methods.child_start(conn, start_params(request_id=f"pre{i}"))
+    results = in_threads(10, lambda i: methods.child_start(conn, start_params(request_id=f"r{i}")))
     assert sum(r[0] == "ok" for r in results) == 4, results
     assert all(r == ("rpc", -32011) for r in results if r[0] != "ok"), results
     assert Run.objects.filter(parent__run_id="root").count() == 64
@@ -180,9 +182,9 @@ def test_it_holds_the_64_children_cap_under_simultaneous_starts(settings):
 @parallel_writers
 def test_it_creates_one_lease_for_simultaneous_first_starts():
     conn = service_connection()
-    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    methods.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
     results = in_threads(
-        6, lambda i: rpc.child_start(conn, start_params(request_id=f"r{i}", lease="L1"))
+        6, lambda i: methods.child_start(conn, start_params(request_id=f"r{i}", lease="L1"))
     )
     assert all(r[0] == "ok" for r in results), results
     assert Lease.objects.filter(lease_id="L1").count() == 1
@@ -193,10 +195,10 @@ def test_it_creates_one_lease_for_simultaneous_first_starts():
 @parallel_writers
 def test_it_stores_one_receipt_for_simultaneous_identical_steers():
     conn = service_connection()
-    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
-    child = rpc.child_start(conn, start_params())
+    methods.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    child = methods.child_start(conn, start_params())
     params = on_child(child, message="left", requestId="s-1")
-    results = in_threads(8, lambda _i: rpc.child_steer(conn, params))
+    results = in_threads(8, lambda _i: methods.child_steer(conn, params))
     assert all(r == ("ok", {"outcome": "injected"}) for r in results), results
     assert SteerReceipt.objects.count() == 1
     assert [e.kind for e in _stream(child["runId"])] == ["steer"]
@@ -206,12 +208,12 @@ def test_it_stores_one_receipt_for_simultaneous_identical_steers():
 @parallel_writers
 def test_it_refuses_the_129th_receipt_under_simultaneous_steers():
     conn = service_connection()
-    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
-    child = rpc.child_start(conn, start_params())
+    methods.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    child = methods.child_start(conn, start_params())
     for k in range(120):
-        rpc.child_steer(conn, on_child(child, message="m", requestId=f"pre{k}"))
+        methods.child_steer(conn, on_child(child, message="m", requestId=f"pre{k}"))
     results = in_threads(
-        12, lambda i: rpc.child_steer(conn, on_child(child, message="m", requestId=f"s{i}"))
+        12, lambda i: methods.child_steer(conn, on_child(child, message="m", requestId=f"s{i}"))
     )
     assert sum(r[0] == "ok" for r in results) == 8, results
     assert all(r == ("rpc", -32011) for r in results if r[0] != "ok"), results
@@ -221,9 +223,9 @@ def test_it_refuses_the_129th_receipt_under_simultaneous_steers():
 @parallel_writers
 def test_it_cancels_once_under_simultaneous_cancels():
     conn = service_connection()
-    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
-    child = rpc.child_start(conn, start_params())
-    results = in_threads(8, lambda _i: rpc.child_cancel(conn, on_child(child)))
+    methods.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    child = methods.child_start(conn, start_params())
+    results = in_threads(8, lambda _i: methods.child_cancel(conn, on_child(child)))
     assert all(r[0] == "ok" for r in results), results
     assert [e.kind for e in _stream(child["runId"])] == ["cancel-requested"]
     assert Command.objects.filter(method="run.cancel").count() == 1
@@ -233,15 +235,19 @@ def test_it_cancels_once_under_simultaneous_cancels():
 def test_it_numbers_events_of_many_runs_of_one_runner_independently():
     conn = service_connection()
     for r in range(4):
-        rpc.open_run(conn, {"conversationId": f"conv-{r}", "runId": f"run-{r}"})
+        methods.open_run(conn, {"conversationId": f"conv-{r}", "runId": f"run-{r}"})
 
     def work(i):
         run_id = f"run-{i % 4}"
         for k in range(20):
-            emitted = rpc.append_events(conn, {"runId": run_id, "from": 1, "events": []})["emitted"]
+            emitted = methods.append_event_frame(conn, {"runId": run_id, "from": 1, "events": []})[
+                "emitted"
+            ]
             frame = [{"kind": "text", "text": f"{i}-{k}"}]
             try:
-                rpc.append_events(conn, {"runId": run_id, "from": emitted + 1, "events": frame})
+                methods.append_event_frame(
+                    conn, {"runId": run_id, "from": emitted + 1, "events": frame}
+                )
             except RpcError as exc:
                 assert exc.code == -32602  # lost a race for that index: refused whole
         return True
@@ -269,7 +275,7 @@ async def test_it_interleaves_socket_appends_with_server_events_from_other_threa
         try:
             for k in range(30):
                 params = on_child(child, "root-1", message=f"s{k}", requestId=f"s{k}")
-                outcomes.append(rpc.child_steer(conn, params)["outcome"])
+                outcomes.append(methods.child_steer(conn, params)["outcome"])
         except Exception as exc:
             errors.append(repr(exc))
         finally:

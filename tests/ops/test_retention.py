@@ -129,10 +129,10 @@ def test_it_leaves_a_tree_with_a_run_still_going(limits):
     conn = service_connection("retention-live")
     root = grow_tree(conn, "half", finish=False)
     children = [r for r in tree_runs("half") if r != "half"]
-    from delegation import rpc
+    from delegation.runner_socket import methods
 
-    rpc.finish_run(conn, {"runId": children[0], "output": "x"})
-    rpc.finish_run(conn, {"runId": "half", "output": "x"})
+    methods.finish_run(conn, {"runId": children[0], "output": "x"})
+    methods.finish_run(conn, {"runId": "half", "output": "x"})
     age_tree(root, 40)
     Run.objects.filter(run_id=children[1]).update(finished_at=None)
     assert Run.objects.get(run_id=children[1]).status == "running"

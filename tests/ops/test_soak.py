@@ -18,7 +18,7 @@ of every five). A cancel queued during the failover waits for the runners' recon
 
 Cancels through the other process used to take 1.1-5.3 s for a few of each run: every
 socket's outbox claim and poll shared channels' one database thread per process with every
-sync view, so a flush waited in that queue (delegation/database_calls.py, ``on_database``).
+sync view, so a flush waited in that queue (delegation/runner_socket/database_calls.py, ``on_database``).
 
 PostgreSQL + Redis only (.ci/run's second pass); bounded to a few minutes (``SOAK_SECONDS``).
 """

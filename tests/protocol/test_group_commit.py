@@ -2,7 +2,7 @@
 waiting gets every frame answered on its own, in order, each stored or refused exactly as
 it would be alone, while the server commits the frames waiting behind each other at once.
 
-The groups are observed by wrapping ``rpc.append_event_frames_of``, which every commit of
+The groups are observed by wrapping ``methods.append_event_frames_of``, which every commit of
 ``run.event`` frames goes through: each test first checks that a group really formed, so it
 can fail if none did.
 """
@@ -12,8 +12,9 @@ import json
 import pytest
 from django.db import IntegrityError, transaction
 
-from delegation import notify, rpc
+from delegation import notify
 from delegation.models import Event, Run, RunRollup
+from delegation.runner_socket import methods
 from delegation.services import event_store, streams
 from delegation.services.identity import Connection
 from delegation.wire import RunEventParams, parse_model
@@ -38,7 +39,7 @@ def _record(monkeypatch, module, name: str) -> list[list]:
 @pytest.fixture
 def commits(monkeypatch) -> list[list]:
     """The (connection, frames) of each commit of run.event frames, all sockets together."""
-    return _record(monkeypatch, rpc, "append_event_frames_of")
+    return _record(monkeypatch, methods, "append_event_frames_of")
 
 
 def largest(commits) -> int:
@@ -214,14 +215,17 @@ async def test_it_adds_pipelined_usage_once_and_stops_the_budget_after_the_commi
     assert run.cancel_reason.startswith("budget exceeded: maxTokens")
 
 
-async def test_it_keeps_group_commits_off_with_a_limit_of_one(runner, commits, settings):
+async def test_it_commits_each_frame_as_a_group_of_one_with_a_limit_of_one(
+    runner, commits, settings
+):
     settings.RUN_EVENT_GROUP_MAX = 1
     await runner.open("root-1")
     for index in range(1, 21):
         await runner.send_raw(frame(index, "root-1", index, text(f"e{index}")))
     answers = await _answers(runner, 20)
     assert [a["result"]["emitted"] for a in answers] == list(range(1, 21))
-    assert commits == []
+    # The same one path, never a second one: every frame a commit of its own.
+    assert [[len(frames) for _conn, frames in call] for call in commits] == [[1]] * 20
 
 
 async def test_it_rings_once_for_a_group_carrying_all_its_events(runner):

@@ -14,8 +14,8 @@ import threading
 import pytest
 from django.db import connections
 
-from delegation import rpc
 from delegation.models import Command, Run
+from delegation.runner_socket import methods
 from delegation.services import children, operator
 from delegation.services.identity import Actor
 from delegation.services.operator import do_cancel_run
@@ -43,7 +43,7 @@ def test_it_neither_deadlocks_nor_fails_a_child_start_racing_a_cancel_of_its_par
     monkeypatch,
 ):
     conn = service_connection()
-    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    methods.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
     root = Run.objects.get(run_id="root")
     runner_locked = threading.Event()
     cancel_waiting = threading.Event()
@@ -70,7 +70,7 @@ def test_it_neither_deadlocks_nor_fails_a_child_start_racing_a_cancel_of_its_par
 
     outcomes: dict = {}
     threads = [
-        _in_thread(lambda: rpc.child_start(conn, start_params()), outcomes, "start"),
+        _in_thread(lambda: methods.child_start(conn, start_params()), outcomes, "start"),
         _in_thread(cancel, outcomes, "cancel"),
     ]
     for thread in threads:
@@ -119,7 +119,7 @@ async def test_it_retries_a_deadlocked_child_start_instead_of_answering_an_error
 @parallel_writers
 def test_it_retries_a_deadlocked_cancel_instead_of_failing_the_operator(monkeypatch):
     conn = service_connection()
-    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
+    methods.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
     root = Run.objects.get(run_id="root")
     raised = _conflict_once(monkeypatch, operator, "request_cancel", "40P01")
     report = do_cancel_run(Actor.system("operator"), root, reason="stop")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.db import InterfaceError
 
-from delegation.consumers import RunnerConsumer
+from delegation.runner_socket.consumer import RunnerSocketConsumer
 from delegation.services import outbox
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -20,7 +20,7 @@ def no_doorbell_no_poll(settings, monkeypatch):
     async def lost(self, message):
         return None
 
-    monkeypatch.setattr(RunnerConsumer, "outbox_ring", lost)
+    monkeypatch.setattr(RunnerSocketConsumer, "outbox_ring", lost)
 
 
 def _lose_the_first_claim(monkeypatch) -> list:

@@ -103,12 +103,12 @@ async def test_it_refuses_a_frame_of_a_connection_fenced_by_another_process(
     runner_token, make_client, method, make_params, monkeypatch
 ):
     """A frame in flight on the old socket when a newer one registers: -32002, then 4409."""
-    from delegation import rpc, socket_fences
+    from delegation.runner_socket import fences, methods
     from delegation.services import runners
 
     # The frame's own check, not the process's twice-a-second one, which would close the
     # socket first if its tick came between the registration and the frame.
-    monkeypatch.setattr(socket_fences, "CHECK_SECONDS", 3600)
+    monkeypatch.setattr(fences, "CHECK_SECONDS", 3600)
 
     a = await make_client(runner_token)
     await a.open("root-a")
@@ -117,7 +117,7 @@ async def test_it_refuses_a_frame_of_a_connection_fenced_by_another_process(
     # so its close message never reaches it.
     runner = await adb(Runner.objects.get)(name="runner-a")
     conn = runners.Connection(runner_pk=runner.pk)
-    await adb(rpc.register)(
+    await adb(methods.register)(
         conn, {"hostInstanceId": "elsewhere", "extensions": [DEFAULT_EXTENSION]}
     )
     before = await state()

@@ -17,7 +17,8 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from delegation import consumers, models
+from delegation import models
+from delegation.runner_socket import consumer
 from delegation.services import answers, sweep, tokens
 from delegation.services.operator import Actor, do_steer_run
 from tests.support.rpc import adb, communicator
@@ -145,9 +146,9 @@ async def test_it_cancels_the_consumers_tasks_when_a_frame_crashes_it(
     await runner.open("root-1")
 
     async def crash(self, *args, **kwargs):
-        raise consumers.StopConsumer  # ends the consumer without disconnect()
+        raise consumer.StopConsumer  # ends the consumer without disconnect()
 
-    monkeypatch.setattr(consumers.RunnerConsumer, "receive", crash)
+    monkeypatch.setattr(consumer.RunnerSocketConsumer, "receive", crash)
     await runner.send_raw("{}")
     await asyncio.sleep(0.3)
     stopped = await adb(models.Runner.objects.get)(name="runner-a")

@@ -10,7 +10,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from delegation import rpc
+from delegation.runner_socket import methods
 from delegation.services import runners, tokens
 from tests.support.personas import api_token, signed_in
 from tests.support.rpc import DEFAULT_EXTENSION
@@ -64,7 +64,7 @@ def drive_runner(name: str = "runner-a", host: str = "host-1") -> runners.Connec
     """A runner registered through the real services, as its socket would do it."""
     runner, _token = tokens.create_runner(name)
     conn = runners.Connection(runner_pk=runner.pk)
-    _, generation, _ = rpc.register(
+    _, generation, _ = methods.register(
         conn, {"hostInstanceId": host, "extensions": [DEFAULT_EXTENSION]}
     )
     return runners.Connection(runner_pk=runner.pk, generation=generation)
@@ -80,12 +80,12 @@ def start_child(conn, parent_run_id: str, request_id: str, profile="worker", lea
     if lease is not None:
         params["leaseId"] = lease
         params["request"]["leaseId"] = lease
-    return rpc.child_start(conn, params)
+    return methods.child_start(conn, params)
 
 
 def emit(conn, run_id: str, events: list, start: int = 1) -> dict:
     events = [{"kind": "text", "text": e} if isinstance(e, str) else e for e in events]
-    return rpc.append_events(conn, {"runId": run_id, "from": start, "events": events})
+    return methods.append_event_frame(conn, {"runId": run_id, "from": start, "events": events})
 
 
 def build_world() -> World:
@@ -94,7 +94,7 @@ def build_world() -> World:
     from delegation.models import Lease
 
     conn = drive_runner()
-    root = rpc.open_run(
+    root = methods.open_run(
         conn,
         {
             "conversationId": "conv-root-1",
@@ -118,7 +118,7 @@ def build_world() -> World:
     grandchild = start_child(conn, child["runId"], "req-grand")
     leased = start_child(conn, "root-1", "req-leased", lease="lease-1")
     finished = start_child(conn, "root-1", "req-done", profile="reviewer")
-    rpc.finish_run(conn, {"runId": finished["runId"], "output": "all done"})
+    methods.finish_run(conn, {"runId": finished["runId"], "output": "all done"})
     lease_pk = Lease.objects.get(lease_id="lease-1").pk
     return World(conn, "runner-a", root, child, grandchild, leased, finished, lease_pk)
 

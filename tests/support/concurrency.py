@@ -8,8 +8,8 @@ import threading
 import pytest
 from django.db import connections
 
-from delegation import rpc
 from delegation.errors import RpcError
+from delegation.runner_socket import methods
 from delegation.services import runners, tokens
 from tests.support.rpc import DEFAULT_EXTENSION
 
@@ -21,7 +21,7 @@ parallel_writers = pytest.mark.postgres
 def service_connection(name="runner-c") -> runners.Connection:
     runner, _token = tokens.create_runner(name)
     conn = runners.Connection(runner_pk=runner.pk, channel_name=f"test.{name}")
-    _result, generation, _fenced = rpc.register(
+    _result, generation, _fenced = methods.register(
         conn, {"hostInstanceId": "host-1", "extensions": [DEFAULT_EXTENSION]}
     )
     return runners.Connection(

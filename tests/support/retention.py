@@ -9,8 +9,8 @@ from datetime import timedelta
 
 from django.db.models import F, Q
 
-from delegation import rpc
 from delegation.models import AuditEntry, Event, Run, RunRollup
+from delegation.runner_socket import methods
 from tests.support.concurrency import start_params
 
 
@@ -24,17 +24,19 @@ def _usage(tokens_in: int) -> dict:
 def grow_tree(conn, name: str, children: int = 2, texts: int = 4, finish: bool = True) -> Run:
     """A root with ``children`` children, each run with ``texts`` text events and one usage
     event; all finished unless ``finish`` is False (then the root and children keep running)."""
-    rpc.open_run(conn, {"conversationId": f"c-{name}", "runId": name})
+    methods.open_run(conn, {"conversationId": f"c-{name}", "runId": name})
     ids = [name]
     for n in range(children):
-        child = rpc.child_start(conn, start_params(name, f"{name}-q{n}"))
+        child = methods.child_start(conn, start_params(name, f"{name}-q{n}"))
         ids.append(child["runId"])
     for run_id in ids:
         events = [{"kind": "text", "text": f"{run_id} {i}"} for i in range(texts)]
-        rpc.append_events(conn, {"runId": run_id, "from": 1, "events": [*events, _usage(10)]})
+        methods.append_event_frame(
+            conn, {"runId": run_id, "from": 1, "events": [*events, _usage(10)]}
+        )
     if finish:
         for run_id in reversed(ids):
-            rpc.finish_run(conn, {"runId": run_id, "output": "done"})
+            methods.finish_run(conn, {"runId": run_id, "output": "done"})
     return Run.objects.get(run_id=name)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from delegation import rpc
+from delegation.runner_socket import methods
 from tests.support.api import drive_runner, emit
 
 SECRET = "SECRET-7f3a"
@@ -45,13 +45,13 @@ def _start(conn, parent, request_id, *, profile="worker", tool_call_id=None):
     }
     if tool_call_id:
         params["toolCallId"] = tool_call_id
-    return rpc.child_start(conn, params)["runId"]
+    return methods.child_start(conn, params)["runId"]
 
 
 def build_trace_tree(name: str = "trace") -> TraceTree:
     conn = drive_runner(f"runner-{name}", host=f"host-{name}")
     root = f"{name}-root"
-    rpc.open_run(
+    methods.open_run(
         conn,
         {
             "conversationId": f"conv-{name}",
@@ -89,21 +89,21 @@ def build_trace_tree(name: str = "trace") -> TraceTree:
     )
     g = _start(conn, a, f"{name}-req-g", tool_call_id="c-a-1")
     emit(conn, g, [_usage(10, 2, 0.001, model="claude-small")])
-    rpc.finish_run(conn, {"runId": g, "error": "boom"})
+    methods.finish_run(conn, {"runId": g, "error": "boom"})
     emit(
         conn,
         a,
         [{"kind": "tool-result", "toolCallId": "c-a-1", "toolOutput": SECRET, "success": True}],
         start=7,
     )
-    rpc.finish_run(conn, {"runId": a, "output": f"done {SECRET}"})
+    methods.finish_run(conn, {"runId": a, "output": f"done {SECRET}"})
     b = _start(conn, root, f"{name}-req-b", profile="reviewer")
-    rpc.finish_run(conn, {"runId": b, "output": SECRET})
+    methods.finish_run(conn, {"runId": b, "output": SECRET})
     emit(
         conn,
         root,
         [{"kind": "tool-result", "toolCallId": "c-root-1", "toolOutput": SECRET, "success": True}],
         start=4,
     )
-    rpc.finish_run(conn, {"runId": root, "output": SECRET})
+    methods.finish_run(conn, {"runId": root, "output": SECRET})
     return TraceTree(root, a, g, b)

@@ -13,8 +13,8 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from delegation import rpc
 from delegation.models import TraceExport
+from delegation.runner_socket import methods
 from delegation.tracing import queue, sender
 from delegation.tracing import spans as mapping
 from tests.support.api import drive_runner, emit
@@ -190,7 +190,7 @@ def test_it_sends_a_long_open_run_so_far_and_again_complete_at_its_end(receiver,
     _exported(settings, receiver.url)
     settings.OTEL_EXPORT_OPEN_AFTER_SECONDS = 60
     conn = drive_runner("runner-open", host="host-open")
-    rpc.open_run(conn, {"conversationId": "conv-open", "runId": "open-1", "extensionId": "ext"})
+    methods.open_run(conn, {"conversationId": "conv-open", "runId": "open-1", "extensionId": "ext"})
     emit(conn, "open-1", [{"kind": "tool-use", "toolName": "grep", "toolCallId": "t-1"}])
     assert queue.queue_open_runs() == 0  # not open long enough yet
     assert sender.drain() == (0, 0)
@@ -204,7 +204,7 @@ def test_it_sends_a_long_open_run_so_far_and_again_complete_at_its_end(receiver,
         "running"
     )
 
-    rpc.finish_run(conn, {"runId": "open-1", "output": "ok"})
+    methods.finish_run(conn, {"runId": "open-1", "output": "ok"})
     assert TraceExport.objects.get(run__run_id="open-1").final
     assert sender.drain() == (2, 0)
     final = [s for s in receiver.spans if s.span_id.hex() == run_span][-1]

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import pytest
 
-from delegation import rpc
 from delegation.models import Run, RunRollup
+from delegation.runner_socket import methods
 from tests.support.concurrency import in_threads, parallel_writers, service_connection, start_params
 
 pytestmark = [pytest.mark.django_db(transaction=True), parallel_writers]
 
 
 def _tree(conn, budget: dict, parents: int = 4) -> list[str]:
-    rpc.open_run(conn, {"conversationId": "conv-root", "runId": "root", "budget": budget})
-    return [rpc.child_start(conn, start_params("root", f"p{i}"))["runId"] for i in range(parents)]
+    methods.open_run(conn, {"conversationId": "conv-root", "runId": "root", "budget": budget})
+    return [
+        methods.child_start(conn, start_params("root", f"p{i}"))["runId"] for i in range(parents)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -37,7 +39,7 @@ def test_it_admits_exactly_the_limit_under_20_parallel_starts(settings, budget, 
     def work(i):
         # Spread over four parents, so the parents' own row locks do not serialise them:
         # only the budget's lock stands between these starts.
-        return rpc.child_start(conn, start_params(parents[i % 4], f"c{i}"))["runId"]
+        return methods.child_start(conn, start_params(parents[i % 4], f"c{i}"))["runId"]
 
     results = in_threads(20, work)
     outcomes = sorted(result[0] for result in results)
@@ -55,7 +57,8 @@ def test_it_loses_no_rollup_update_with_parallel_usage_across_a_tree(settings):
     conn = service_connection()
     parents = _tree(conn, {"maxTokens": 10**9})
     leaves = [
-        rpc.child_start(conn, start_params(parents[i % 4], f"leaf{i}"))["runId"] for i in range(16)
+        methods.child_start(conn, start_params(parents[i % 4], f"leaf{i}"))["runId"]
+        for i in range(16)
     ]
     frames = 6
 
@@ -63,7 +66,7 @@ def test_it_loses_no_rollup_update_with_parallel_usage_across_a_tree(settings):
         # Leaves and their parents report at once, so chains overlap at every level.
         run_id = leaves[i] if i < 16 else parents[i - 16]
         for n in range(frames):
-            rpc.append_events(
+            methods.append_event_frame(
                 conn,
                 {
                     "runId": run_id,

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from delegation import rpc
 from delegation.models import AuditEntry, Budget, Event, Run
+from delegation.runner_socket import methods
 from tests.support.api import emit
 from tests.support.personas import signed_in
 
@@ -130,7 +130,7 @@ def test_it_stops_the_subtree_at_once_when_a_limit_is_set_below_use(as_, world):
     params = {"runId": world.grandchild["runId"], "extensionId": "ext", "generation": 1,
               "request": {"requestId": "late", "profile": "worker", "message": "go"}}  # fmt: skip
     with pytest.raises(Exception) as refused:
-        rpc.child_start(world.conn, params)
+        methods.child_start(world.conn, params)
     assert refused.value.code == -32017 and world.child["runId"] in refused.value.message
 
 

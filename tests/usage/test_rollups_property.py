@@ -13,9 +13,9 @@ from django.db import transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from delegation import rpc
 from delegation.errors import RpcError
 from delegation.models import Run
+from delegation.runner_socket import methods
 from delegation.services import runners
 from tests.support.concurrency import service_connection, start_params
 from tests.support.rollups import expected_rollups, stored_rollups
@@ -61,14 +61,16 @@ class World:
         try:
             if kind == "root" or not Run.objects.exists():
                 self.roots += 1
-                rpc.open_run(
+                methods.open_run(
                     self.conn, {"conversationId": f"c{self.roots}", "runId": f"root{self.roots}"}
                 )
             elif kind == "start":
                 live = self.runs(live_only=True)
                 if live:
                     parent = live[pick % len(live)]
-                    rpc.child_start(self.conn, start_params(parent.run_id, f"q{pick}-{parent.pk}"))
+                    methods.child_start(
+                        self.conn, start_params(parent.run_id, f"q{pick}-{parent.pk}")
+                    )
             elif kind == "usage":
                 runs = self.runs()
                 run = runs[pick % len(runs)]
@@ -84,7 +86,7 @@ class World:
                     }
                     for a, b, c, cost in op[2]
                 ]
-                rpc.append_events(
+                methods.append_event_frame(
                     self.conn, {"runId": run.run_id, "from": run.emitted + 1, "events": events}
                 )
             elif kind == "finish":
@@ -94,11 +96,11 @@ class World:
                     fields = {"ok": {"output": "x"}, "error": {"error": "e"}, "cancel": {}}[op[2]]
                     if op[2] == "cancel":
                         fields["cancelled"] = True
-                    rpc.finish_run(self.conn, {"runId": run.run_id, **fields})
+                    methods.finish_run(self.conn, {"runId": run.run_id, **fields})
             elif kind == "rehost":
                 # A new host instance: every live run of the old one is lost in one transaction.
                 self.hosts += 1
-                _result, generation, _ = rpc.register(
+                _result, generation, _ = methods.register(
                     self.conn,
                     {
                         "hostInstanceId": f"host-{self.hosts}",

@@ -3,8 +3,8 @@ strict bodies with the field named; engine refusals mapped to HTTP statuses."""
 
 import pytest
 
-from delegation import rpc
 from delegation.models import AuditEntry, Command, Event, Lease, Run, SteerReceipt
+from delegation.runner_socket import methods
 
 pytestmark = pytest.mark.django_db
 
@@ -87,7 +87,7 @@ def test_it_releases_a_lease_by_its_id(api, world):
     assert Event.objects.filter(run__run_id="root-1", kind="lease-released").count() == 1
     assert Command.objects.filter(method="lease.revoked").count() == 1
     # The runner confirms the cancel; a repeated release then reports done.
-    rpc.finish_run(world.conn, {"runId": world.leased["runId"], "cancelled": True})
+    methods.finish_run(world.conn, {"runId": world.leased["runId"], "cancelled": True})
     again = api.post(path, {})
     assert again.status_code == 200
     assert again.json() == {"done": True, "pending": [], "state": "released"}

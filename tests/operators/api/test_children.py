@@ -2,7 +2,7 @@
 
 import pytest
 
-from delegation import rpc
+from delegation.runner_socket import methods
 
 pytestmark = pytest.mark.django_db
 
@@ -17,7 +17,7 @@ def api(as_):
 
 
 def test_it_lists_a_runs_children_with_output_and_conclusion(api, world):
-    rpc.finish_run(world.conn, {"runId": world.child["runId"], "output": f"did a\n{BLOCK}"})
+    methods.finish_run(world.conn, {"runId": world.child["runId"], "output": f"did a\n{BLOCK}"})
     answer = api.get("/api/runs/root-1/children")
     assert answer.status_code == 200, answer.content
     items = {item["runId"]: item for item in answer.json()["items"]}
@@ -52,7 +52,7 @@ def test_it_answers_404_or_422_for_an_unknown_run_or_a_bad_filter(api, world):
 
 def test_it_shows_the_conclusion_on_the_run_detail_and_the_run_lists(api, world):
     assert api.get("/api/runs/root-1").json()["conclusion"] is None
-    rpc.finish_run(world.conn, {"runId": "root-1", "output": BLOCK})
+    methods.finish_run(world.conn, {"runId": "root-1", "output": BLOCK})
     detail = api.get("/api/runs/root-1").json()
     assert detail["conclusion"]["summary"] == "Half of it."
     listed = {i["runId"]: i for i in api.get("/api/runs").json()["items"]}
@@ -69,7 +69,7 @@ def test_it_marks_tree_rows_with_the_conclusion_status(api, world):
     from delegation import selectors
     from delegation.models import Run
 
-    rpc.finish_run(world.conn, {"runId": world.child["runId"], "output": BLOCK})
+    methods.finish_run(world.conn, {"runId": world.child["runId"], "output": BLOCK})
     root = Run.objects.get(run_id="root-1")
     rows = {row["runId"]: row for row in selectors.tree_rows(root)}
     assert rows[world.child["runId"]]["conclusionStatus"] == "partial"

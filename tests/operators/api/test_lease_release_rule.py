@@ -7,8 +7,8 @@ import time
 import pytest
 from django.db import connection
 
-from delegation import rpc
 from delegation.models import AuditEntry, Lease
+from delegation.runner_socket import methods
 
 # Transactional: the release must commit before the runner's confirmation can land.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -27,7 +27,7 @@ def _confirm_cancel_later(world, run_id: str) -> threading.Thread:
             while not Lease.objects.filter(pk=world.lease_pk, state="released").exists():
                 time.sleep(0.02)
             time.sleep(0.2)
-            rpc.finish_run(world.conn, {"runId": run_id, "cancelled": True})
+            methods.finish_run(world.conn, {"runId": run_id, "cancelled": True})
         finally:
             connection.close()
 

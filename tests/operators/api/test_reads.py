@@ -7,8 +7,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from delegation import rpc
 from delegation.models import AuditEntry, Run
+from delegation.runner_socket import methods
 from delegation.services.operator import Actor, audit
 from tests.support.api import drive_runner, emit, start_child
 
@@ -67,7 +67,7 @@ def test_it_filters_runs_by_creation_time(api, world):
 def test_it_pages_runs_by_cursor_and_stays_stable_under_inserts(api, world):
     conn = world.conn
     for index in range(7):
-        rpc.open_run(conn, {"conversationId": f"c-more-{index}", "runId": f"more-{index}"})
+        methods.open_run(conn, {"conversationId": f"c-more-{index}", "runId": f"more-{index}"})
     expected = set(Run.objects.values_list("run_id", flat=True))
     seen: list[str] = []
     cursor = None
@@ -81,7 +81,7 @@ def test_it_pages_runs_by_cursor_and_stays_stable_under_inserts(api, world):
         pages += 1
         if pages == 2:
             # Runs opened mid-walk are newer than page one: they never land in a later page.
-            rpc.open_run(conn, {"conversationId": "c-late", "runId": "late"})
+            methods.open_run(conn, {"conversationId": "c-late", "runId": "late"})
         cursor = body["next"]
         if cursor is None:
             break
@@ -297,12 +297,12 @@ def test_it_searches_runs_and_filters_audit_with_the_dashboards_meaning(api, wor
 
 
 def _add_session(world, tag):
-    rpc.open_run(world.conn, {"conversationId": f"c-{tag}", "runId": f"run-{tag}"})
+    methods.open_run(world.conn, {"conversationId": f"c-{tag}", "runId": f"run-{tag}"})
 
 
 def _add_lease(world, tag):
     # A parent of its own: one parent may have only so many running children.
-    rpc.open_run(world.conn, {"conversationId": f"c-{tag}", "runId": f"parent-{tag}"})
+    methods.open_run(world.conn, {"conversationId": f"c-{tag}", "runId": f"parent-{tag}"})
     start_child(world.conn, f"parent-{tag}", f"req-{tag}", lease=f"lease-{tag}")
 
 

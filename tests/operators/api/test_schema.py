@@ -15,7 +15,8 @@ from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
 
-from delegation import roles, rpc
+from delegation import roles
+from delegation.runner_socket import methods
 from delegation.services import alerts
 from delegation.services.operator import Actor
 from tests.support.api import build_world
@@ -64,7 +65,7 @@ def operator_world(operator, shipped_prices):
         Actor.for_user(admin, via="api"), url="https://hooks.example/x", kinds=["run-failed"]
     ).webhook.pk
     # Approvals (SPEC §11): one pending on the child, so aimed cases can read and decide it.
-    asked = rpc.approval_request(
+    asked = methods.approval_request(
         world.conn,
         {"runId": world.child["runId"], "toolCallId": "t", "toolName": "Bash", "input": {}},
     )

@@ -1,13 +1,14 @@
 """The runner WebSocket (SPEC §5): JSON-RPC 2.0 frames in, service calls, answers out.
 
-Thin on purpose: it authenticates the handshake, decodes frames strictly, dispatches each
-method to ``delegation.rpc`` (which validates params and calls the typed services) and sends
+Thin on purpose: it authenticates the handshake, checks each frame's envelope once
+(``envelope``), dispatches each method to ``methods`` (which validates params and calls the
+typed services) and sends
 server-to-runner commands from the outbox. Frames are handled one at a time in arrival order,
 which is what makes ``run.event`` numbering meaningful; only the wait of
 ``child.lease.release`` runs aside, because the children it waits for finish through frames
-on this very connection. ``run.event`` frames (with those already waiting behind them) go to
-the process's group commit (``delegation.frame_groups``) and are still answered one by one,
-in order.
+on this very connection. Every ``run.event`` frame (with those already waiting behind it, or
+alone as a group of one) goes to the process's group commit (``frame_groups``) and is still
+answered one by one, in order.
 """
 
 from __future__ import annotations
@@ -24,29 +25,26 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from delegation import depth as depthlib
-from delegation import layers, metrics, notify, rpc, socket_fences, upkeep
-from delegation.database_calls import claim, collecting, on_database
+from delegation import layers, metrics, notify, upkeep
 from delegation.errors import (
     INTERNAL_ERROR,
-    INVALID_REQUEST,
-    METHOD_NOT_FOUND,
     NOT_REGISTERED,
     STALE_CONNECTION,
     RpcError,
 )
-from delegation.frame_groups import frame_groups
 from delegation.layers import recently_faulted, until_faulted
-from delegation.protocol import CLOSE_FENCED, CLOSE_UNAUTHORIZED, MAX_FRAME_BYTES, bearer_token
+from delegation.protocol import CLOSE_FENCED, CLOSE_UNAUTHORIZED, bearer_token
+from delegation.runner_socket import envelope, fences, methods
+from delegation.runner_socket.database_calls import claim, collecting, on_database
+from delegation.runner_socket.frame_groups import frame_groups
 from delegation.services import answers, operator, outbox, runners, tokens
-from delegation.wire import dumps, loads_strict, refuse_nul
+from delegation.wire import dumps
 
 log = logging.getLogger(__name__)
 
 
 # The outbox poll while the channel layer loses doorbells (see _keep_outbox_flowing).
 DEGRADED_POLL_SECONDS = 0.25
-ENVELOPE_KEYS = frozenset({"jsonrpc", "method", "params", "id"})
-RESPONSE_KEYS = frozenset({"jsonrpc", "result", "error", "id"})
 
 
 def _header(scope, name: str) -> str | None:
@@ -67,33 +65,7 @@ def _base_url(scope) -> str:
     return f"{scheme}://{host}"
 
 
-def _valid_rpc_id(value) -> bool:
-    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
-
-
-def _plain_run_event(text_data: str | None) -> dict | None:
-    """The frame, if it is a well-formed ``run.event`` request a group commit can take; None
-    for anything else (the one-by-one path decodes it again and says what is wrong)."""
-    if text_data is None or len(text_data) > MAX_FRAME_BYTES or "\\u0000" in text_data:
-        return None
-    if len(text_data.encode("utf-8")) > MAX_FRAME_BYTES:
-        return None
-    try:
-        frame = loads_strict(text_data)
-    except RpcError:
-        return None
-    if (
-        not isinstance(frame, dict)
-        or frame.get("jsonrpc") != "2.0"
-        or frame.get("method") != "run.event"
-        or not set(frame) <= ENVELOPE_KEYS
-        or ("id" in frame and not _valid_rpc_id(frame["id"]))
-    ):
-        return None
-    return frame
-
-
-class RunnerConsumer(AsyncWebsocketConsumer):
+class RunnerSocketConsumer(AsyncWebsocketConsumer):
     async def connect(self):
         upkeep.ensure_started()
         self.inbox: deque[str | None] = deque()
@@ -168,7 +140,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if getattr(self, "_shut", False):
             return
         self._shut = True
-        socket_fences.forget(self)
+        fences.forget(self)
         for task in [*getattr(self, "background", ()), getattr(self, "frame_loop", None)]:
             if task is not None:
                 task.cancel()
@@ -198,134 +170,42 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         while self.inbox:
             text_data = self.inbox.popleft()
             try:
-                group = self._run_events_waiting(text_data)
-                if group:
-                    await self._append_group(group)
-                else:
-                    await self._on_frame(text_data)
+                await self._on_frame(text_data)
             except Exception:
                 log.exception("runner socket: a frame failed")
                 await self._reply_error(None, RpcError(INTERNAL_ERROR, "internal error"))
 
-    def _run_events_waiting(self, text_data: str | None) -> list[dict] | None:
-        """This ``run.event`` and the ones right behind it in the inbox (at most
-        RUN_EVENT_GROUP_MAX), for the group commit; None sends the frame the one-by-one way,
-        which also answers whatever is wrong with it."""
-        if not self.conn.generation or self.fenced:
-            return None
-        limit = settings.RUN_EVENT_GROUP_MAX
-        first = _plain_run_event(text_data) if limit > 1 else None
-        if first is None:
-            return None
-        group = [first]
-        while self.inbox and len(group) < limit:
-            frame = _plain_run_event(self.inbox[0])
-            if frame is None:
-                break
-            self.inbox.popleft()
-            group.append(frame)
-        return group
-
-    async def _append_group(self, frames: list[dict]):
-        # Committed with what other sockets of this process hand in meanwhile (frame_groups).
-        try:
-            outcomes, commands = await frame_groups().append(
-                self.conn, [f.get("params", {}) for f in frames]
-            )
-        except Exception:
-            log.exception("runner socket: a group of %d run.event frames failed", len(frames))
-            outcomes, commands = [RpcError(INTERNAL_ERROR, "internal error")] * len(frames), []
-        for frame, outcome in zip(frames, outcomes, strict=True):
-            has_id = "id" in frame
-            if isinstance(outcome, RpcError):
-                await self._reply_error(frame.get("id"), outcome, notify_only=not has_id)
-                self.fenced = self.fenced or outcome.code == STALE_CONNECTION
-            elif has_id:
-                await self._send({"jsonrpc": "2.0", "id": frame["id"], "result": outcome})
-        if self.fenced:
-            await self.close(code=CLOSE_FENCED)
-            return
-        await self._send_commands(commands)
-
     async def _on_frame(self, text_data: str | None):
-        if text_data is None:
-            await self._reply_error(None, RpcError(INVALID_REQUEST, "binary frames are refused"))
-            return
-        if len(text_data) > MAX_FRAME_BYTES or len(text_data.encode("utf-8")) > MAX_FRAME_BYTES:
-            await self._reply_error(
-                None, RpcError(INVALID_REQUEST, f"frame too large (max {MAX_FRAME_BYTES} bytes)")
-            )
-            return
-        try:
-            frame = loads_strict(text_data)
-        except RpcError as exc:
-            await self._reply_error(None, exc)
-            return
-        if isinstance(frame, list):
-            await self._reply_error(None, RpcError(INVALID_REQUEST, "batches are refused"))
-            return
-        if not isinstance(frame, dict) or frame.get("jsonrpc") != "2.0":
-            await self._reply_error(
-                None, RpcError(INVALID_REQUEST, "not a JSON-RPC 2.0 object (jsonrpc must be '2.0')")
-            )
-            return
-        if "method" not in frame and "id" in frame and ("result" in frame or "error" in frame):
+        frame = envelope.read(text_data, fenced=self.fenced, methods=methods.METHODS)
+        if isinstance(frame, envelope.Refusal):
+            await self._reply_error(frame.rpc_id, frame.error)
+        elif isinstance(frame, envelope.Answer):
             await self._on_answer(frame)
-            return
-        if self.fenced:
-            # A fenced socket never takes the runner back, not even with runner.register;
-            # a real runner reconnects on a new socket.
-            rpc_id = frame.get("id")
-            await self._reply_error(
-                rpc_id if _valid_rpc_id(rpc_id) else None,
-                RpcError(STALE_CONNECTION, "stale connection: this socket was fenced"),
-            )
-            return
-        await self._on_request(frame, text_data)
+        elif isinstance(frame, envelope.Request):
+            await self._on_request(frame)
 
-    async def _on_request(self, frame: dict, text_data: str):
-        rpc_id = frame.get("id")
-        has_id = "id" in frame
-        unknown = set(frame) - ENVELOPE_KEYS
-        if unknown:
-            await self._reply_error(
-                rpc_id if _valid_rpc_id(rpc_id) else None,
-                RpcError(
-                    INVALID_REQUEST, f"unknown envelope field(s): {', '.join(sorted(unknown))}"
-                ),
-            )
+    async def _on_request(self, request: envelope.Request):
+        rpc_id, has_id, method = request.rpc_id, request.has_id, request.method
+        if method == "run.event" and request.params_error is None and self.conn.generation:
+            # Every run.event goes the one way: a group commit, of one if need be.
+            await self._append_group(self._run_events_waiting(request))
             return
-        if has_id and not _valid_rpc_id(rpc_id):
-            await self._reply_error(
-                None, RpcError(INVALID_REQUEST, "id must be a string or integer")
-            )
-            return
-        method = frame.get("method")
-        if not isinstance(method, str):
-            await self._reply_error(rpc_id, RpcError(INVALID_REQUEST, "method must be a string"))
-            return
-        if method not in rpc.METHODS:
-            await self._reply_error(
-                rpc_id, RpcError(METHOD_NOT_FOUND, f"unknown method {method!r}")
-            )
-            return
-        params = frame.get("params", {})
         commands: list = []
         try:
-            if "\\u0000" in text_data:
-                refuse_nul(params)
+            if request.params_error is not None:
+                raise request.params_error
             if method == "runner.register":
-                result = await self._register(params)
+                result = await self._register(request.params)
             elif not self.conn.generation:
                 raise RpcError(
                     NOT_REGISTERED, "not registered: the first call must be runner.register"
                 )
             elif method == "child.lease.release":
-                await self._release(rpc_id, params)
+                await self._release(rpc_id, request.params)
                 return
             else:
                 result, commands = await self._run(
-                    rpc.HANDLERS[method], self.conn, params, claim=True
+                    methods.HANDLERS[method], self.conn, request.params, claim=True
                 )
         except RpcError as exc:
             await self._reply_error(rpc_id if has_id else None, exc, notify_only=not has_id)
@@ -341,6 +221,43 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             await self._send({"jsonrpc": "2.0", "id": rpc_id, "result": result})
         # What the call queued for this runner goes out on this socket at once, after the
         # answer: never on the doorbell or the poll, and never as a second answer.
+        await self._send_commands(commands)
+
+    def _run_events_waiting(self, first: envelope.Request) -> list[envelope.Request]:
+        """This ``run.event`` and the ones right behind it in the inbox (at most
+        RUN_EVENT_GROUP_MAX); a frame that is anything else stays for its own turn."""
+        group = [first]
+        limit = settings.RUN_EVENT_GROUP_MAX
+        while self.inbox and len(group) < limit:
+            frame = envelope.read(self.inbox[0], fenced=self.fenced, methods=methods.METHODS)
+            if not (
+                isinstance(frame, envelope.Request)
+                and frame.method == "run.event"
+                and frame.params_error is None
+            ):
+                break
+            self.inbox.popleft()
+            group.append(frame)
+        return group
+
+    async def _append_group(self, requests: list[envelope.Request]):
+        # Committed with what other sockets of this process hand in meanwhile (frame_groups).
+        try:
+            outcomes, commands = await frame_groups().append(
+                self.conn, [request.params for request in requests]
+            )
+        except Exception:
+            log.exception("runner socket: a group of %d run.event frames failed", len(requests))
+            outcomes, commands = [RpcError(INTERNAL_ERROR, "internal error")] * len(requests), []
+        for request, outcome in zip(requests, outcomes, strict=True):
+            if isinstance(outcome, RpcError):
+                await self._reply_error(request.rpc_id, outcome, notify_only=not request.has_id)
+                self.fenced = self.fenced or outcome.code == STALE_CONNECTION
+            elif request.has_id:
+                await self._send({"jsonrpc": "2.0", "id": request.rpc_id, "result": outcome})
+        if self.fenced:
+            await self.close(code=CLOSE_FENCED)
+            return
         await self._send_commands(commands)
 
     async def _call(self, function, *args):
@@ -365,7 +282,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         return result, commands
 
     async def _register(self, params):
-        result, generation, fenced = await self._call(rpc.register, self.conn, params)
+        result, generation, fenced = await self._call(methods.register, self.conn, params)
         self.conn = runners.Connection(
             runner_pk=self.conn.runner_pk,
             generation=generation,
@@ -376,14 +293,14 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         )
         if fenced:
             await self.channel_layer.send(fenced, {"type": "runner.fenced"})
-        socket_fences.watch(self)
+        fences.watch(self)
         # Answer first, then redeliver what the runner has not acknowledged.
         self._spawn(self._flush_outbox())
         return result
 
     async def _release(self, rpc_id, params):
         (lease_pk, pending), commands = await self._run(
-            rpc.child_lease_release, self.conn, params, claim=True
+            methods.child_lease_release, self.conn, params, claim=True
         )
         await self._send_commands(commands)
         if not pending:
@@ -400,23 +317,11 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             return
         await self._send({"jsonrpc": "2.0", "id": rpc_id, "result": result})
 
-    async def _on_answer(self, frame: dict):
-        unknown = set(frame) - RESPONSE_KEYS
-        rpc_id = frame.get("id")
-        if unknown or not isinstance(rpc_id, str) or not rpc_id.startswith("srv-"):
-            return  # not an answer to anything we sent; JSON-RPC forbids answering a response
-        try:
-            command_pk = int(rpc_id.removeprefix("srv-"))
-        except ValueError:
-            return
+    async def _on_answer(self, answer: envelope.Answer):
         if not self.conn.generation or self.fenced:
             return
         await self._call(
-            answers.command_answered,
-            self.conn,
-            command_pk,
-            frame.get("result"),
-            frame.get("error"),
+            answers.command_answered, self.conn, answer.command_pk, answer.result, answer.error
         )
 
     # --- frames out ---------------------------------------------------------------------
@@ -507,20 +412,20 @@ class RunnerConsumer(AsyncWebsocketConsumer):
 
     async def runner_fenced(self, message):
         """A doorbell, never an authority (SPEC §13): the record says whether to close."""
-        await socket_fences.recheck(self)
+        await fences.recheck(self)
 
     async def runner_revoked(self, message):
         """The runner's credential was revoked or rotated (``runners.fence_runner``), if the
         record agrees: anyone who can write to Redis could have sent this."""
-        await socket_fences.recheck(self)
+        await fences.recheck(self)
 
     async def close_fenced(self):
-        """Another socket registered as this runner (``socket_fences`` read it)."""
+        """Another socket registered as this runner (``fences`` read it)."""
         self.fenced = True
         await self.close(code=CLOSE_FENCED)
 
     async def close_revoked(self):
-        """The runner's credential was revoked or rotated (``socket_fences`` read it)."""
+        """The runner's credential was revoked or rotated (``fences`` read it)."""
         self.fenced = True
         for task in list(self.background):
             task.cancel()

@@ -34,11 +34,6 @@ def open_run(conn: Connection, raw_params) -> dict:
     return streams.open_run(conn, parse_model(RunOpenParams, raw_params))
 
 
-def append_events(conn: Connection, raw_params) -> dict:
-    with metrics.INGEST_SECONDS.time():
-        return streams.append_events(conn, parse_model(RunEventParams, raw_params))
-
-
 def append_event_frames_of(calls: list[tuple[Connection, list]]) -> list[list[dict | RpcError]]:
     """Several sockets' ``run.event`` frames in one commit: for each call, each frame's
     answer or refusal, in order (a frame whose params do not decode is refused on its own)."""
@@ -64,6 +59,15 @@ def append_event_frames_of(calls: list[tuple[Connection, list]]) -> list[list[di
         outcomes = iter(outcomes)
         answers.append([next(outcomes) if refusal is None else refusal for refusal in refusals])
     return answers
+
+
+def append_event_frame(conn: Connection, raw_params) -> dict:
+    """One ``run.event`` frame as a group of one, for callers off the socket (the bench seed,
+    tests): the same way in as every socket frame, its refusal raised."""
+    [[outcome]] = append_event_frames_of([(conn, [raw_params])])
+    if isinstance(outcome, RpcError):
+        raise outcome
+    return outcome
 
 
 def finish_run(conn: Connection, raw_params) -> dict:
@@ -113,7 +117,6 @@ def approval_request(conn: Connection, raw_params) -> dict:
 # method -> function taking (connection, raw params) and returning the JSON result.
 HANDLERS = {
     "run.open": open_run,
-    "run.event": append_events,
     "run.finish": finish_run,
     "tool.end": end_tool,
     "child.start": child_start,
@@ -123,6 +126,7 @@ HANDLERS = {
     "run.mcpToken": mcp_token,
     "approval.request": approval_request,
 }
-# Methods the consumer handles itself around the call: register swaps the connection, and
-# release answers only once the lease's children have stopped.
-METHODS = frozenset(HANDLERS) | {"runner.register", "child.lease.release"}
+# Methods the consumer handles itself around the call: register swaps the connection,
+# release answers only once the lease's children have stopped, and every run.event goes
+# through the process's group commit (``frame_groups`` -> ``append_event_frames_of``).
+METHODS = frozenset(HANDLERS) | {"runner.register", "child.lease.release", "run.event"}

@@ -26,7 +26,7 @@ _watches: dict[asyncio.AbstractEventLoop, tuple[set, asyncio.Task]] = {}
 
 
 def watch(consumer) -> None:
-    """Check ``consumer`` (a registered ``RunnerConsumer``) from now on, until ``forget``."""
+    """Check ``consumer`` (a registered ``RunnerSocketConsumer``) from now on, until ``forget``."""
     loop = asyncio.get_running_loop()
     watched = _watches.get(loop)
     if watched is None or watched[1].done():

@@ -2,8 +2,8 @@
 without a thread hop, a lost connection tried once more, and the commands a call queued for
 its runner claimed on the same thread.
 
-The runner socket (``delegation.consumers``) and the group commit of ``run.event`` frames
-(``delegation.frame_groups``) both call the services this way.
+The runner socket (``consumer``) and the group commit of ``run.event`` frames
+(``frame_groups``) both call the services this way.
 """
 
 from __future__ import annotations

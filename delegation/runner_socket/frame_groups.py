@@ -18,9 +18,10 @@ import weakref
 from django.conf import settings
 from django.db import connection as db_connection
 
-from delegation import notify, rpc
-from delegation.database_calls import claim, collecting, on_database, queued_for
+from delegation import notify
 from delegation.errors import INTERNAL_ERROR, RpcError
+from delegation.runner_socket import methods
+from delegation.runner_socket.database_calls import claim, collecting, on_database, queued_for
 from delegation.services.identity import Connection
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ def _commit(calls: list[tuple[Connection, list]]) -> tuple[list, dict]:
 
 
 def _store(calls: list[tuple[Connection, list]]) -> tuple[list, dict]:
-    outcomes, error, bells, _commands = collecting(rpc.append_event_frames_of, calls)
+    outcomes, error, bells, _commands = collecting(methods.append_event_frames_of, calls)
     if error is not None:  # the database was lost twice: every frame may be sent again
         outcomes = [[error] * len(raw_frames) for _conn, raw_frames in calls]
     return outcomes, bells
