@@ -68,7 +68,6 @@ def _sql(vendor: str) -> dict[str, str]:
         f"ON u.{quote('id')} = r.{quote('runner_id')} "
     )
     return {
-        "lock": f"{select}WHERE r.{quote('run_id')} = %s AND r.{quote('runner_id')} = %s{lock}",
         # Several runs of one runner, locked in primary-key order (ancestors first: a parent
         # is created before its child), so two such locks cannot wait on each other.
         "lock_many": (
@@ -86,18 +85,10 @@ def _assignments(vendor: str, names: tuple[str, ...]) -> str:
     return ", ".join(f"{quote(Run._meta.get_field(name).column)} = %s" for name in names)
 
 
-def lock_own_run(run_id: str, runner_pk: int) -> tuple[Run, bool, int] | None:
-    """The caller's run ``run_id``, locked for this transaction, with its runner's fence state
-    (revoked, connection generation); None if the runner has no such run."""
-    with connection.cursor() as cursor:
-        cursor.execute(_sql(connection.vendor)["lock"], [run_id, runner_pk])
-        found = cursor.fetchone()
-    return None if found is None else _locked(found)
-
-
 def lock_own_runs(runs: list[tuple[int, str]]) -> dict[tuple[int, str], tuple[Run, bool, int]]:
-    """``lock_own_run`` of several (runner pk, runId) in one statement, keyed the same way
-    (missing: no such run of that runner)."""
+    """The callers' runs, each (runner pk, runId) locked for this transaction with its
+    runner's fence state (revoked, connection generation), in one statement and keyed the
+    same way (missing: no such run of that runner)."""
     sql = _sql(connection.vendor)["lock_many"].format(", ".join(["(%s, %s)"] * len(runs)))
     with connection.cursor() as cursor:
         cursor.execute(sql, [value for pair in runs for value in pair])
@@ -114,13 +105,9 @@ def _locked(found) -> tuple[Run, bool, int]:
     return run, revoked_at is not None, generation
 
 
-def save_run_fields(run: Run, names: list[str]) -> None:
-    """``run.save(update_fields=names)`` in one UPDATE, compiled once per set of fields."""
-    save_runs_fields([(run, names)])
-
-
 def save_runs_fields(changes: list[tuple[Run, list[str]]]) -> None:
-    """``save_run_fields`` of several runs: one ``executemany`` per set of fields, which
+    """``run.save(update_fields=names)`` of several runs: one ``executemany`` per set of
+    fields, compiled once per set, which
     psycopg sends in one round trip (pipeline mode)."""
     db = connections[DEFAULT_DB_ALIAS]  # once: each access through the proxy looks it up
     by_names: dict[tuple[str, ...], list[list]] = {}
