@@ -8,8 +8,8 @@ from django.contrib import messages
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from dashboard.form_errors import NUL_STATUS, nul_field, nul_message, refusal
-from dashboard.views import _actor, _context, _refuse, _refused, viewer_required
+from dashboard.views.base import actor_of, page_context, refuse, refused, viewer_required
+from dashboard.views.form_errors import NUL_STATUS, nul_field, nul_message, refusal
 from delegation import roles, selectors
 from delegation.errors import PermissionRefused, RpcError
 from delegation.models import ALERT_KINDS, Webhook
@@ -18,7 +18,7 @@ from delegation.services import alerts
 
 def _admin_only(request):
     if not roles.can_admin(request.user):
-        return _refuse(
+        return refuse(
             request,
             f"{request.user.get_username()} is not an admin; alerts and webhooks need admin.",
         )
@@ -26,7 +26,7 @@ def _admin_only(request):
 
 
 def _page(request, status: int = 200, **form):
-    context = _context(request, kinds=ALERT_KINDS, **selectors.alerts_overview())
+    context = page_context(request, kinds=ALERT_KINDS, **selectors.alerts_overview())
     # What the add form shows: all kinds ticked at first, then what was typed (issue 38).
     context["form"] = form.get("form") or {"name": "", "url": "", "kinds": list(ALERT_KINDS)}
     context["form_error"] = form.get("error", "")
@@ -56,10 +56,10 @@ def webhook_create(request):
         return _page(request, NUL_STATUS, form=typed, error=nul_message(bad), field=bad)
     try:
         created = alerts.do_create_webhook(
-            _actor(request), url=typed["url"], kinds=typed["kinds"], name=typed["name"].strip()
+            actor_of(request), url=typed["url"], kinds=typed["kinds"], name=typed["name"].strip()
         )
     except PermissionRefused as exc:
-        return _refused(request, exc)
+        return refused(request, exc)
     except RpcError as exc:
         # The form again, with what was typed and the error beside its field.
         form, status = refusal(exc, ("name", "url", "kinds"))
@@ -77,11 +77,11 @@ def webhook_create(request):
 def webhook_test(request, pk: int):
     hook = Webhook.objects.filter(pk=pk).first()
     if hook is None:
-        return _refuse(request, f"No webhook {pk}.", status=404)
+        return refuse(request, f"No webhook {pk}.", status=404)
     try:
-        delivery = alerts.do_send_test(_actor(request), hook)
+        delivery = alerts.do_send_test(actor_of(request), hook)
     except (PermissionRefused, RpcError) as exc:
-        return _refused(request, exc)
+        return refused(request, exc)
     messages.success(
         request, f"Test delivery {delivery.delivery_id} stored; it is sent within a sweep."
     )
@@ -90,7 +90,7 @@ def webhook_test(request, pk: int):
 
 def _hook_or_refuse(request, pk: int):
     hook = Webhook.objects.filter(pk=pk).first()
-    return hook, (None if hook is not None else _refuse(request, f"No webhook {pk}.", status=404))
+    return hook, (None if hook is not None else refuse(request, f"No webhook {pk}.", status=404))
 
 
 @require_POST
@@ -103,10 +103,10 @@ def webhook_active(request, pk: int):
     active = request.POST.get("active") == "1"
     try:
         alerts.do_update_webhook(
-            _actor(request), hook, url=hook.url, kinds=hook.kinds, active=active, name=hook.name
+            actor_of(request), hook, url=hook.url, kinds=hook.kinds, active=active, name=hook.name
         )
     except (PermissionRefused, RpcError) as exc:
-        return _refused(request, exc)
+        return refused(request, exc)
     messages.success(request, f"Webhook {hook.pk} turned {'on' if active else 'off'}.")
     return redirect("alerts")
 
@@ -119,8 +119,8 @@ def webhook_delete(request, pk: int):
     if missing:
         return missing
     try:
-        alerts.do_delete_webhook(_actor(request), hook)
+        alerts.do_delete_webhook(actor_of(request), hook)
     except (PermissionRefused, RpcError) as exc:
-        return _refused(request, exc)
+        return refused(request, exc)
     messages.success(request, f"Webhook {pk} deleted.")
     return redirect("alerts")

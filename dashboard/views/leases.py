@@ -1,18 +1,22 @@
 """The leases page (issue 38): every lease, newest first, filtered by runner and state, with
-the holder run named by its task and a *Release* button for operators on a live one. The
-release posts to the same view as the run page's (``views.lease_release``), which goes
-through the operator service (role check, audit) like REST and the admin."""
+the holder run named by its task and a *Release* button for operators on a live one. The run
+page's release and this one post to ``lease_release`` below, which goes through the operator
+service (role check, audit) like REST and the admin."""
 
 from __future__ import annotations
 
+from django.contrib import messages
 from django.core.paginator import Paginator
-from django.shortcuts import render
+from django.http import Http404
+from django.shortcuts import redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_POST
 
-from dashboard.views import _context, viewer_required
+from dashboard.views.base import actor_of, page_context, refused, viewer_required
 from delegation import selectors
+from delegation.errors import PermissionRefused, RpcError
 from delegation.models import LeaseState, Runner
+from delegation.services.operator import release_lease
 
 LEASES_PER_PAGE = 100
 STATES = [("live", "Live")] + [(s.value, s.label) for s in LeaseState]
@@ -40,7 +44,7 @@ def leases(request):
     return render(
         request,
         "leases.html",
-        _context(
+        page_context(
             request,
             items=items,
             page=page,
@@ -51,3 +55,26 @@ def leases(request):
             query_string=query.urlencode(),
         ),
     )
+
+
+@require_POST
+@viewer_required
+def lease_release(request, pk):
+    lease = selectors.get_lease(pk)
+    if lease is None:
+        raise Http404(f"no lease {pk}")
+    try:
+        report = release_lease(actor_of(request), lease)
+    except (PermissionRefused, RpcError) as exc:
+        return refused(request, exc)
+    pending = report["pending"]
+    text = f"Lease {lease.lease_id} {report['state']}" + (
+        f"; waiting for {len(pending)} child run(s) to stop" if pending else ""
+    )
+    messages.success(request, text)
+    target = request.POST.get("next", "")
+    if target.startswith("/") and not target.startswith("//"):
+        return redirect(target)
+    if lease.parent_run_id:
+        return redirect("run", lease.parent_run.run_id)
+    return redirect("trees")
