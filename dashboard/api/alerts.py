@@ -26,7 +26,7 @@ from dashboard.api.schemas.alerts import (
 from dashboard.api.schemas.common import IdParam, LimitParam, cursor_param
 from delegation import roles
 from delegation.models import ALERT_KINDS, DeliveryState, Webhook, WebhookAttempt, WebhookDelivery
-from delegation.services import alerts
+from delegation.services import webhooks
 
 router = Router(tags=["alerts"])
 
@@ -148,7 +148,7 @@ def list_webhooks(request, filters: Query[WebhookFilters]):
 )
 @strict_query(NoParams)
 def create_webhook(request, body: WebhookBody):
-    created = alerts.do_create_webhook(
+    created = webhooks.do_create_webhook(
         actor_for(request),
         url=body.url,
         kinds=list(body.kinds),
@@ -181,9 +181,9 @@ def delete_webhook(request, id: IdParam):  # noqa: A002
     hook = Webhook.objects.filter(pk=id).first()
     if hook is None:
         # An outsider learns nothing from a 404 they were not allowed to see.
-        alerts.require_admin(actor, "webhook-delete", str(id))
+        webhooks.require_admin(actor, "webhook-delete", str(id))
         raise Http404(f"id: no webhook {id}")
-    alerts.do_delete_webhook(actor, hook)
+    webhooks.do_delete_webhook(actor, hook)
     return Status(204, None)
 
 
@@ -204,16 +204,16 @@ def test_webhook(request, id: IdParam):  # noqa: A002
     actor = actor_for(request)
     hook = Webhook.objects.filter(pk=id).first()
     if hook is None:
-        alerts.require_admin(actor, "webhook-test", str(id))
+        webhooks.require_admin(actor, "webhook-test", str(id))
         raise Http404(f"id: no webhook {id}")
-    delivery = alerts.do_send_test(actor, hook)
+    delivery = webhooks.do_send_test(actor, hook)
     return Status(202, {"delivery": delivery_items([delivery])[0]})
 
 
 class DeliveryFilters(Schema):
     webhook: IdParam = Field(default=None, description="Only this webhook's deliveries")
     state: Literal[tuple(DeliveryState.values)] = None  # type: ignore[valid-type]
-    kind: Literal[(*ALERT_KINDS, alerts.TEST_KIND)] = None  # type: ignore[valid-type]
+    kind: Literal[(*ALERT_KINDS, webhooks.TEST_KIND)] = None  # type: ignore[valid-type]
     cursor: cursor_param("d") = None
     limit: LimitParam = DEFAULT_LIMIT
 

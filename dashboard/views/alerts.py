@@ -1,5 +1,5 @@
 """The admins' alerts page (issue 25): webhooks, a form to add one, *send test*, and the
-recent deliveries with every attempt. Everything goes through ``delegation.services.alerts``
+recent deliveries with every attempt. Everything goes through ``delegation.services.webhooks``
 (which checks the admin role and audits); reads through ``delegation.selectors``."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dashboard.views.form_errors import NUL_STATUS, nul_field, nul_message, refu
 from delegation import roles, selectors
 from delegation.errors import PermissionRefused, RpcError
 from delegation.models import ALERT_KINDS, Webhook
-from delegation.services import alerts
+from delegation.services import webhooks
 
 
 def _admin_only(request):
@@ -55,7 +55,7 @@ def webhook_create(request):
     if roles.can_admin(request.user) and (bad := nul_field({k: typed[k] for k in ("name", "url")})):
         return _page(request, NUL_STATUS, form=typed, error=nul_message(bad), field=bad)
     try:
-        created = alerts.do_create_webhook(
+        created = webhooks.do_create_webhook(
             actor_of(request), url=typed["url"], kinds=typed["kinds"], name=typed["name"].strip()
         )
     except PermissionRefused as exc:
@@ -79,7 +79,7 @@ def webhook_test(request, pk: int):
     if hook is None:
         return refuse(request, f"No webhook {pk}.", status=404)
     try:
-        delivery = alerts.do_send_test(actor_of(request), hook)
+        delivery = webhooks.do_send_test(actor_of(request), hook)
     except (PermissionRefused, RpcError) as exc:
         return refused(request, exc)
     messages.success(
@@ -102,7 +102,7 @@ def webhook_active(request, pk: int):
         return missing
     active = request.POST.get("active") == "1"
     try:
-        alerts.do_update_webhook(
+        webhooks.do_update_webhook(
             actor_of(request), hook, url=hook.url, kinds=hook.kinds, active=active, name=hook.name
         )
     except (PermissionRefused, RpcError) as exc:
@@ -119,7 +119,7 @@ def webhook_delete(request, pk: int):
     if missing:
         return missing
     try:
-        alerts.do_delete_webhook(actor_of(request), hook)
+        webhooks.do_delete_webhook(actor_of(request), hook)
     except (PermissionRefused, RpcError) as exc:
         return refused(request, exc)
     messages.success(request, f"Webhook {pk} deleted.")

@@ -21,7 +21,7 @@ from delegation import metrics, notify
 from delegation.errors import INVALID_PARAMS, NO_SUCH_RUN, REQUEST_ID_REUSED, RpcError
 from delegation.models import Approval, ApprovalPolicy, ApprovalStatus, Command, Run
 from delegation.selectors.approvals import approved_input, policy_chain
-from delegation.services import alerts
+from delegation.services import webhooks
 from delegation.services.approval_policy import allow_always_rule, effective, flatten
 from delegation.services.audit import audit, require_operator
 from delegation.services.base import lock_run, store_server_event
@@ -164,7 +164,7 @@ def do_request_approval(*, run: Run, use: ToolUse, via: str, actor_label: str) -
             message = "" if decision == "allow" else "denied by policy"
             _decide(approval, run, decision=decision, by="policy", message=message)
         else:
-            alerts.enqueue_alert("approval-requested", _alert_payload(approval, run))
+            webhooks.enqueue_alert("approval-requested", _alert_payload(approval, run))
             transaction.on_commit(metrics.approval_requested)
             notify.approvals_changed()
         return approval

@@ -32,7 +32,8 @@ from delegation.models import (
     WebhookAttempt,
     WebhookDelivery,
 )
-from delegation.services import alerts, sweep
+from delegation.services import sweep
+from delegation.services import webhooks as alerts
 from delegation.services.operator import Actor
 from tests.support.personas import api_token, signed_in
 from tests.support.tcp_clients import api

@@ -16,7 +16,7 @@ from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
 
 from delegation import roles, rpc
-from delegation.services import alerts
+from delegation.services import webhooks as alerts
 from delegation.services.operator import Actor
 from tests.support.api import build_world
 from tests.support.personas import api_token, make_person
