@@ -16,7 +16,8 @@ from django.db import connections
 
 from delegation import rpc
 from delegation.models import Command, Run
-from delegation.services import children, operator
+from delegation.services import operator
+from delegation.services.children import start as children
 from delegation.services.identity import Actor
 from delegation.services.operator import do_cancel_run
 from tests.support.concurrency import parallel_writers, service_connection, start_params
