@@ -15,7 +15,7 @@ from delegation import roles, selectors
 from delegation.errors import PermissionRefused, RpcError, http_status
 from delegation.models import Run, RunStatus
 from delegation.selectors.retention import purged_run
-from delegation.services.operator import Actor
+from delegation.services.run_actions import Actor
 
 SINCE_CHOICES = (
     ("", "Any time"),

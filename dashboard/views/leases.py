@@ -16,7 +16,7 @@ from dashboard.views.base import actor_of, page_context, refused, viewer_require
 from delegation import selectors
 from delegation.errors import PermissionRefused, RpcError
 from delegation.models import LeaseState, Runner
-from delegation.services.operator import release_lease
+from delegation.services.run_actions import release_lease
 
 LEASES_PER_PAGE = 100
 STATES = [("live", "Live")] + [(s.value, s.label) for s in LeaseState]

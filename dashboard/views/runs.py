@@ -23,7 +23,7 @@ from dashboard.views.form_errors import nul_message
 from delegation import selectors
 from delegation.errors import PermissionRefused, RpcError
 from delegation.models import Run
-from delegation.services.operator import do_cancel_run
+from delegation.services.run_actions import do_cancel_run
 
 
 @require_GET

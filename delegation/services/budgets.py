@@ -30,8 +30,8 @@ from delegation.services.audit import audit, require_operator
 from delegation.services.base import lock_run, store_server_event
 from delegation.services.identity import Actor
 from delegation.services.locks import retry_conflicts
-from delegation.services.operator import request_cancel
 from delegation.services.pause import request_resume
+from delegation.services.run_actions import request_cancel
 from delegation.wire import BudgetLimits, parse_model
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from delegation.services.base import lock_run
 from delegation.services.identity import Actor, Connection
 from delegation.services.lifecycle import mark_finished
 from delegation.services.locks import retry_conflicts
-from delegation.services.operator import do_release_lease
+from delegation.services.run_actions import do_release_lease
 from delegation.wire import RegisterParams
 
 RUNNER_LOST_ERROR = "runner lost"

@@ -15,7 +15,7 @@ from delegation.models import Lease, LeaseState, Runner
 from delegation.services import approvals, budgets, rollups
 from delegation.services.identity import Actor
 from delegation.services.locks import retry_conflicts
-from delegation.services.operator import do_release_lease
+from delegation.services.run_actions import do_release_lease
 from delegation.services.runners import lose_runner
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from delegation import webhooks
 from delegation.errors import RpcError
 from delegation.models import WebhookAttempt, WebhookDelivery
 from delegation.services import webhooks as alerts
-from delegation.services.operator import Actor
+from delegation.services.run_actions import Actor
 from delegation.services.webhooks import targets
 from tests.support.personas import api_token
 from tests.support.webhook_receiver import Receiver

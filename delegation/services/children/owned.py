@@ -24,7 +24,7 @@ from delegation.services.children.authority import (
 )
 from delegation.services.identity import Actor, Caller, Connection, as_caller
 from delegation.services.locks import retry_conflicts
-from delegation.services.operator import do_cancel_run, do_release_lease, do_steer_run
+from delegation.services.run_actions import do_cancel_run, do_release_lease, do_steer_run
 from delegation.services.runners import current_runner
 from delegation.wire import Params
 
