@@ -12,7 +12,8 @@ from dashboard.views.base import actor_of, page_context, refuse, refused, viewer
 from dashboard.views.form_errors import NUL_STATUS, nul_field, nul_message, refusal
 from delegation import roles, selectors
 from delegation.errors import PermissionRefused, RpcError
-from delegation.models import ALERT_KINDS, Webhook
+from delegation.models import ALERT_KINDS
+from delegation.selectors import alerts as reads
 from delegation.services import webhooks
 
 
@@ -75,7 +76,7 @@ def webhook_create(request):
 @require_POST
 @viewer_required
 def webhook_test(request, pk: int):
-    hook = Webhook.objects.filter(pk=pk).first()
+    hook = reads.get_webhook(pk)
     if hook is None:
         return refuse(request, f"No webhook {pk}.", status=404)
     try:
@@ -89,7 +90,7 @@ def webhook_test(request, pk: int):
 
 
 def _hook_or_refuse(request, pk: int):
-    hook = Webhook.objects.filter(pk=pk).first()
+    hook = reads.get_webhook(pk)
     return hook, (None if hook is not None else refuse(request, f"No webhook {pk}.", status=404))
 
 

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from dashboard.views.base import actor_of, page_context, refused, viewer_required
 from delegation import selectors
 from delegation.errors import PermissionRefused, RpcError
-from delegation.models import LeaseState, Runner
+from delegation.models import LeaseState
 from delegation.services.run_actions import release_lease
 
 LEASES_PER_PAGE = 100
@@ -49,7 +49,7 @@ def leases(request):
             items=items,
             page=page,
             f={"runner": runner, "state": state},
-            runners=list(Runner.objects.order_by("name").values_list("name", flat=True)),
+            runners=list(selectors.runner_names()),
             states=STATES,
             next_url=request.get_full_path(),
             query_string=query.urlencode(),
