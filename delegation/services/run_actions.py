@@ -35,7 +35,7 @@ from delegation.models import (
 )
 from delegation.protocol import MAX_STEER_BYTES
 from delegation.selectors import live_descendants
-from delegation.services.approvals import deny_pending
+from delegation.services.approval_endings import deny_pending
 from delegation.services.audit import audit, require_operator
 from delegation.services.base import lock_run, store_server_event
 from delegation.services.identity import Actor
