@@ -26,7 +26,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from bench.table import notes, results
-from delegation.runner import process, sandbox
+from delegation.runner import process, sandbox, sandbox_masks
 from delegation.runner.command import CommandPreset
 
 STARTS = 40
@@ -96,9 +96,9 @@ async def _starts(workspace: str) -> None:
         ("none", _preset("none", sandbox="none")),
     )
     if os.geteuid() == 0:
-        sandbox._scans.clear()
+        sandbox_masks._scans.clear()
         started = time.perf_counter()
-        sandbox.warm_masks()
+        sandbox_masks.warm_masks()
         results["sandbox_mask_scan_ms"] = round((time.perf_counter() - started) * 1000)
     for name, preset in modes:
         ms = [(await _run(preset, ["/bin/true"], workspace))[0] * 1000 for _ in range(STARTS)]

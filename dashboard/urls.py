@@ -3,33 +3,44 @@
 from django.conf import settings
 from django.urls import path
 
-from dashboard import alerts_views, inbox, leases_views, retention, run_forms, views
+from dashboard.views import (
+    alerts,
+    approvals,
+    audit,
+    auth,
+    launch,
+    leases,
+    retention,
+    run_forms,
+    runs,
+    trees,
+)
 
 urlpatterns = [
     path("api/", ("dashboard.api.urls", "api", "api")),
-    path("", views.home, name="home"),
-    path("login/", views.LoginView.as_view(), name="login"),
-    path("logout/", views.LogoutView.as_view(), name="logout"),
-    path("trees/", views.trees, name="trees"),
-    path("launch/", views.launch, name="launch"),
-    path("trees/<str:run_id>/", views.tree, name="tree"),
-    path("runs/<str:run_id>/", views.run_detail, name="run"),
-    path("runs/<str:run_id>/cancel/", views.run_cancel, name="run-cancel"),
+    path("", trees.home, name="home"),
+    path("login/", auth.LoginView.as_view(), name="login"),
+    path("logout/", auth.LogoutView.as_view(), name="logout"),
+    path("trees/", trees.trees, name="trees"),
+    path("launch/", launch.launch, name="launch"),
+    path("trees/<str:run_id>/", trees.tree, name="tree"),
+    path("runs/<str:run_id>/", runs.run_detail, name="run"),
+    path("runs/<str:run_id>/cancel/", runs.run_cancel, name="run-cancel"),
     path("runs/<str:run_id>/budget/", run_forms.run_budget, name="run-budget"),
     path("runs/<str:run_id>/relaunch/", run_forms.run_relaunch, name="run-relaunch"),
     path("runs/<str:run_id>/compare/", run_forms.run_compare, name="run-compare"),
-    path("leases/", leases_views.leases, name="leases"),
-    path("leases/<int:pk>/release/", views.lease_release, name="lease-release"),
-    path("runners/", views.runners, name="runners"),
-    path("audit/", views.audit, name="audit"),
+    path("leases/", leases.leases, name="leases"),
+    path("leases/<int:pk>/release/", leases.lease_release, name="lease-release"),
+    path("runners/", audit.runners, name="runners"),
+    path("audit/", audit.audit, name="audit"),
     # The admins' alerts page (issue 25).
-    path("alerts/", alerts_views.alerts_page, name="alerts"),
-    path("alerts/webhooks/", alerts_views.webhook_create, name="webhook-create"),
-    path("alerts/webhooks/<int:pk>/test/", alerts_views.webhook_test, name="webhook-test"),
-    path("alerts/webhooks/<int:pk>/active/", alerts_views.webhook_active, name="webhook-active"),
-    path("alerts/webhooks/<int:pk>/delete/", alerts_views.webhook_delete, name="webhook-delete"),
+    path("alerts/", alerts.alerts_page, name="alerts"),
+    path("alerts/webhooks/", alerts.webhook_create, name="webhook-create"),
+    path("alerts/webhooks/<int:pk>/test/", alerts.webhook_test, name="webhook-test"),
+    path("alerts/webhooks/<int:pk>/active/", alerts.webhook_active, name="webhook-active"),
+    path("alerts/webhooks/<int:pk>/delete/", alerts.webhook_delete, name="webhook-delete"),
     # Approvals (SPEC §11)
-    path("approvals/", inbox.inbox, name="approvals"),
+    path("approvals/", approvals.inbox, name="approvals"),
 ]
 
 # Single sign-on (issue 28): the provider's button and its callback, when a provider is set.

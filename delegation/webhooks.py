@@ -3,13 +3,13 @@
 Asynchronous HTTP (httpx) on the server's event loop, with short timeouts and a bound on
 concurrent POSTs, so a receiver that hangs or is down costs one pending coroutine each and
 never a blocked loop, request or ingest; the database work runs on the ORM's thread
-(``database_sync_to_async``). What is sent and how it is signed: ``services.alerts``.
+(``database_sync_to_async``). What is sent and how it is signed: ``services.webhooks``.
 
 Each delivery is sent on its own task (``Sender``): a receiver that hangs holds its own slot
 until its timeout, while every other delivery is claimed and retried on schedule.
 
 Every connection goes through ``CheckedBackend``: the name is resolved once, every address
-is checked against ``alerts.refused_address`` (https: public only; http: loopback only) and
+is checked against ``webhooks.refused_address`` (https: public only; http: loopback only) and
 the connection is made to a checked address, never to a second lookup, so a name that
 resolves to a private or metadata address (now, or only after the webhook was saved) gets
 nothing. Nothing of an answer's body is read or stored, only its status.
@@ -29,7 +29,8 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
-from delegation.services import alerts
+from delegation.services import webhooks
+from delegation.services.webhooks import targets
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +56,11 @@ class CheckedBackend(httpcore.AsyncNetworkBackend):
     ) -> httpcore.AsyncNetworkStream:
         scheme = _scheme.get("https")
         try:
-            addresses = await asyncio.to_thread(alerts.resolve_host, host, port)
+            addresses = await asyncio.to_thread(targets.resolve_host, host, port)
         except OSError as exc:
             raise httpcore.ConnectError(f"{host!r} does not resolve: {exc}") from None
         for address in addresses:
-            reason = alerts.refused_address(address, scheme=scheme)
+            reason = webhooks.refused_address(address, scheme=scheme)
             if reason is not None:
                 raise TargetRefused(f"{host!r} resolves to {reason}")
         last: Exception | None = None
@@ -103,20 +104,20 @@ def make_client() -> httpx.AsyncClient:
     )
 
 
-def signed_headers(job: alerts.Job, body: bytes, now: float | None = None) -> dict[str, str]:
+def signed_headers(job: webhooks.Job, body: bytes, now: float | None = None) -> dict[str, str]:
     """The headers of one attempt: the body's signature, and the timestamped one."""
     timestamp = str(int(time.time() if now is None else now))
     return {
         "Content-Type": "application/json",
-        alerts.SIGNATURE_HEADER: alerts.sign(job.secret, body),
-        alerts.TIMESTAMP_HEADER: timestamp,
-        alerts.TIMESTAMP_SIGNATURE_HEADER: alerts.sign_timestamped(job.secret, timestamp, body),
+        webhooks.SIGNATURE_HEADER: webhooks.sign(job.secret, body),
+        webhooks.TIMESTAMP_HEADER: timestamp,
+        webhooks.TIMESTAMP_SIGNATURE_HEADER: webhooks.sign_timestamped(job.secret, timestamp, body),
         "X-Canopy-Delivery": job.delivery_id,
         "X-Canopy-Event": job.kind,
     }
 
 
-async def post(client: httpx.AsyncClient, job: alerts.Job) -> str:
+async def post(client: httpx.AsyncClient, job: webhooks.Job) -> str:
     """Send one delivery and record the attempt; returns the outcome."""
     body = job.body.encode("utf-8")
     headers = signed_headers(job, body)
@@ -140,7 +141,7 @@ async def post(client: httpx.AsyncClient, job: alerts.Job) -> str:
     finally:
         _scheme.reset(scheme)
     duration_ms = int((time.monotonic() - began) * 1000)
-    return await database_sync_to_async(alerts.record_attempt)(
+    return await database_sync_to_async(webhooks.record_attempt)(
         job.pk,
         started_at=started_at,
         duration_ms=duration_ms,
@@ -151,7 +152,7 @@ async def post(client: httpx.AsyncClient, job: alerts.Job) -> str:
 
 async def deliver_due(client: httpx.AsyncClient | None = None) -> list[str]:
     """Claim what is due and send it concurrently; the outcomes, once all are recorded."""
-    jobs = await database_sync_to_async(alerts.claim_due)(settings.WEBHOOK_CONCURRENCY)
+    jobs = await database_sync_to_async(webhooks.claim_due)(settings.WEBHOOK_CONCURRENCY)
     if not jobs:
         return []
     if client is not None:
@@ -177,14 +178,14 @@ class Sender:
         free = settings.WEBHOOK_CONCURRENCY - len(self.sending)
         if free <= 0:
             return 0
-        jobs = await database_sync_to_async(alerts.claim_due)(free)
+        jobs = await database_sync_to_async(webhooks.claim_due)(free)
         for job in jobs:
             task = asyncio.ensure_future(self._send(job))
             self.sending.add(task)
             task.add_done_callback(self.sending.discard)
         return len(jobs)
 
-    async def _send(self, job: alerts.Job) -> None:
+    async def _send(self, job: webhooks.Job) -> None:
         try:
             self.outcomes.append(await post(self.client, job))
         except asyncio.CancelledError:

@@ -99,10 +99,10 @@ def _drop_leftover_sessions(request, django_db_blocker):
 def _no_name_lookups_off_the_machine(monkeypatch):
     """Webhook targets are resolved when saved and before every send. In the suite no name
     leaves the machine: IP literals and localhost resolve for real, any other name does not
-    resolve (a test that needs one patches ``alerts.resolve_host`` itself)."""
-    from delegation.services import alerts
+    resolve (a test that needs one patches ``targets.resolve_host`` itself)."""
+    from delegation.services.webhooks import targets
 
-    monkeypatch.setattr(alerts, "resolve_host", local_names_only(alerts.resolve_host))
+    monkeypatch.setattr(targets, "resolve_host", local_names_only(targets.resolve_host))
 
 
 def local_names_only(resolve):

@@ -25,8 +25,9 @@ from dashboard.api.schemas.alerts import (
 )
 from dashboard.api.schemas.common import IdParam, LimitParam, cursor_param
 from delegation import roles
-from delegation.models import ALERT_KINDS, DeliveryState, Webhook, WebhookAttempt, WebhookDelivery
-from delegation.services import alerts
+from delegation.models import ALERT_KINDS, DeliveryState, Webhook, WebhookDelivery
+from delegation.selectors import alerts as reads
+from delegation.services import webhooks
 
 router = Router(tags=["alerts"])
 
@@ -81,11 +82,8 @@ def webhook_item(hook: Webhook) -> dict:
 
 
 def delivery_items(rows: list[WebhookDelivery]) -> list[dict]:
-    attempts: dict[int, list[dict]] = {}
-    for attempt in WebhookAttempt.objects.filter(delivery__in=[row.pk for row in rows]).order_by(
-        "delivery", "number"
-    ):
-        attempts.setdefault(attempt.delivery_id, []).append(
+    attempts = {
+        pk: [
             {
                 "number": attempt.number,
                 "startedAt": attempt.started_at.isoformat(),
@@ -93,7 +91,10 @@ def delivery_items(rows: list[WebhookDelivery]) -> list[dict]:
                 "statusCode": attempt.status_code,
                 "error": attempt.error,
             }
-        )
+            for attempt in made
+        ]
+        for pk, made in reads.attempts_of(row.pk for row in rows).items()
+    }
     return [
         {
             "id": row.pk,
@@ -112,7 +113,7 @@ def delivery_items(rows: list[WebhookDelivery]) -> list[dict]:
 
 
 def find_webhook(id: int) -> Webhook:  # noqa: A002
-    hook = Webhook.objects.filter(pk=id).first()
+    hook = reads.get_webhook(id)
     if hook is None:
         raise Http404(f"id: no webhook {id}")
     return hook
@@ -132,11 +133,8 @@ class WebhookFilters(Schema):
 @strict_query(WebhookFilters)
 def list_webhooks(request, filters: Query[WebhookFilters]):
     require_admin_reader(request)
-    rows = Webhook.objects.values("pk")
-    page = keyset_page(rows, "w", filters.cursor, filters.limit)
-    hooks = {
-        hook.pk: hook for hook in Webhook.objects.filter(pk__in=[r["pk"] for r in page["items"]])
-    }
+    page = keyset_page(reads.webhook_keys(), "w", filters.cursor, filters.limit)
+    hooks = reads.webhooks_by_pk(r["pk"] for r in page["items"])
     return {"items": [webhook_item(hooks[r["pk"]]) for r in page["items"]], "next": page["next"]}
 
 
@@ -148,7 +146,7 @@ def list_webhooks(request, filters: Query[WebhookFilters]):
 )
 @strict_query(NoParams)
 def create_webhook(request, body: WebhookBody):
-    created = alerts.do_create_webhook(
+    created = webhooks.do_create_webhook(
         actor_for(request),
         url=body.url,
         kinds=list(body.kinds),
@@ -178,12 +176,12 @@ def get_webhook(request, id: IdParam):  # noqa: A002
 @strict_query(NoParams)
 def delete_webhook(request, id: IdParam):  # noqa: A002
     actor = actor_for(request)
-    hook = Webhook.objects.filter(pk=id).first()
+    hook = reads.get_webhook(id)
     if hook is None:
         # An outsider learns nothing from a 404 they were not allowed to see.
-        alerts.require_admin(actor, "webhook-delete", str(id))
+        webhooks.require_admin(actor, "webhook-delete", str(id))
         raise Http404(f"id: no webhook {id}")
-    alerts.do_delete_webhook(actor, hook)
+    webhooks.do_delete_webhook(actor, hook)
     return Status(204, None)
 
 
@@ -202,18 +200,18 @@ class TestQueued(Schema):
 @strict_query(NoParams)
 def test_webhook(request, id: IdParam):  # noqa: A002
     actor = actor_for(request)
-    hook = Webhook.objects.filter(pk=id).first()
+    hook = reads.get_webhook(id)
     if hook is None:
-        alerts.require_admin(actor, "webhook-test", str(id))
+        webhooks.require_admin(actor, "webhook-test", str(id))
         raise Http404(f"id: no webhook {id}")
-    delivery = alerts.do_send_test(actor, hook)
+    delivery = webhooks.do_send_test(actor, hook)
     return Status(202, {"delivery": delivery_items([delivery])[0]})
 
 
 class DeliveryFilters(Schema):
     webhook: IdParam = Field(default=None, description="Only this webhook's deliveries")
     state: Literal[tuple(DeliveryState.values)] = None  # type: ignore[valid-type]
-    kind: Literal[(*ALERT_KINDS, alerts.TEST_KIND)] = None  # type: ignore[valid-type]
+    kind: Literal[(*ALERT_KINDS, webhooks.TEST_KIND)] = None  # type: ignore[valid-type]
     cursor: cursor_param("d") = None
     limit: LimitParam = DEFAULT_LIMIT
 
@@ -227,14 +225,8 @@ class DeliveryFilters(Schema):
 @strict_query(DeliveryFilters)
 def list_deliveries(request, filters: Query[DeliveryFilters]):
     require_admin_reader(request)
-    rows = WebhookDelivery.objects.all()
-    if filters.webhook is not None:
-        rows = rows.filter(webhook_id=filters.webhook)
-    if filters.state is not None:
-        rows = rows.filter(state=filters.state)
-    if filters.kind is not None:
-        rows = rows.filter(kind=filters.kind)
-    page = keyset_page(rows.values("pk"), "d", filters.cursor, filters.limit)
+    rows = reads.delivery_keys(webhook=filters.webhook, state=filters.state, kind=filters.kind)
+    page = keyset_page(rows, "d", filters.cursor, filters.limit)
     pks = [r["pk"] for r in page["items"]]
-    found = {row.pk: row for row in WebhookDelivery.objects.filter(pk__in=pks)}
+    found = reads.deliveries_by_pk(pks)
     return {"items": delivery_items([found[pk] for pk in pks]), "next": page["next"]}

@@ -30,7 +30,7 @@ from pydantic import Field
 from dashboard import sso
 from delegation import roles
 from delegation.errors import PermissionRefused, RpcError, http_status
-from delegation.services import operator, tokens
+from delegation.services import run_actions, tokens
 from delegation.services.locks import is_lost_connection
 from delegation.wire import loads_strict
 
@@ -333,7 +333,7 @@ AUTH = [BearerToken(), DjangoSession()]
 
 
 def actor_for(request):
-    return operator.Actor.for_user(request.auth, via="api")
+    return run_actions.Actor.for_user(request.auth, via="api")
 
 
 # --- Strict query strings ---------------------------------------------------------------------

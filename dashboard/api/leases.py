@@ -20,7 +20,7 @@ from dashboard.api.schemas.common import IdParam, LimitParam, QueryBool, cursor_
 from dashboard.api.schemas.leases import LeaseItem, LeasePage, ReleaseBody, ReleaseOutcome
 from delegation import selectors
 from delegation.models import LeaseState
-from delegation.services import operator
+from delegation.services import run_actions
 
 router = Router()
 
@@ -111,4 +111,4 @@ def release_lease(request, id: IdParam, body: ReleaseBody = ReleaseBody()):  # n
     lease = selectors.get_lease(id)
     if lease is None:
         raise Http404(f"id: no lease {id}")
-    return operator.release_lease(actor_for(request), lease, reason=body.reason)
+    return run_actions.release_lease(actor_for(request), lease, reason=body.reason)

@@ -8,7 +8,7 @@ from ninja import Path, Router, Schema, Status
 from pydantic import Field
 
 from dashboard.api.core import ErrorOut, NoParams, actor_for, strict_query
-from delegation.models import ModelPrice
+from delegation.selectors.prices import price_table
 from delegation.services import prices
 
 router = Router(tags=["prices"])
@@ -62,7 +62,7 @@ class PriceBody(Schema):
 )
 @strict_query(NoParams)
 def list_prices(request):
-    return {"items": [prices.price_item(p) for p in ModelPrice.objects.order_by("model")]}
+    return {"items": [prices.price_item(p) for p in price_table()]}
 
 
 @router.put(

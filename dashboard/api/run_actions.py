@@ -19,7 +19,7 @@ from dashboard.api.schemas.runs import (
 )
 from dashboard.api.schemas.usage import BudgetBody, BudgetOut
 from delegation import selectors
-from delegation.services import budgets, operator, pause
+from delegation.services import budgets, pause, run_actions
 from delegation.services.launch import Launch, do_launch_run, do_relaunch_run
 
 
@@ -76,7 +76,9 @@ def relaunch_run(request, runId: str, body: RelaunchBody = RelaunchBody()):  # n
 def cancel_run(request, runId: str, body: CancelBody = CancelBody()):  # noqa: N803, B008
     run = find_run(runId)
     body = body or CancelBody()
-    return operator.do_cancel_run(actor_for(request), run, reason=body.reason, cascade=body.cascade)
+    return run_actions.do_cancel_run(
+        actor_for(request), run, reason=body.reason, cascade=body.cascade
+    )
 
 
 PAUSE_DOC = (
@@ -130,7 +132,7 @@ def resume_run(request, runId: str, body: PauseBody = PauseBody()):  # noqa: N80
 @strict_query(NoParams)
 def steer_run(request, runId: str, body: SteerBody):  # noqa: N803
     run = find_run(runId)
-    return operator.do_steer_run(
+    return run_actions.do_steer_run(
         actor_for(request), run, request_id=body.request_id, message=body.message
     )
 

@@ -27,7 +27,7 @@ class RunnerFilters(Schema):
 
 
 def runner_item(row: dict) -> dict:
-    return dict(row)  # ``state`` as the model derives it (``Runner.objects.with_state``)
+    return dict(row)  # ``state`` as the model derives it (the runner manager's ``with_state``)
 
 
 @router.get(

@@ -17,15 +17,14 @@ from django.contrib.auth import (
     load_backend,
 )
 from django.core.exceptions import ValidationError
-from django.db.models import Q
 from django.http.request import split_domain_port, validate_host
-from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
 from dashboard import sso
 from delegation import roles
-from delegation.models import ApiToken, hash_token
+from delegation.models import hash_token
 from delegation.protocol import CLOSE_FORBIDDEN, CLOSE_UNAUTHORIZED, bearer_token
+from delegation.selectors.credentials import active_user_pks, holding_token_hashes
 from delegation.services import tokens
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -170,24 +169,9 @@ def lapsed(credentials: list[tuple[int, str]]) -> list[int]:
     inactive. Two queries for any number of sockets (``credential_watch``'s tick); a session
     logged out, a changed password or a lost role wait for the heartbeat's full ``recheck``."""
     hashes = {hash_token(token) for _pk, token in credentials if token}
-    held = set()
-    if hashes:
-        now = timezone.now()
-        held = set(
-            ApiToken.objects.filter(
-                token_hash__in=hashes, revoked_at__isnull=True, user__is_active=True
-            )
-            .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
-            .values_list("token_hash", flat=True)
-        )
+    held = holding_token_hashes(hashes) if hashes else set()
     session_users = {pk for pk, token in credentials if not token}
-    active = set()
-    if session_users:
-        active = set(
-            get_user_model()
-            .objects.filter(pk__in=session_users, is_active=True)
-            .values_list("pk", flat=True)
-        )
+    active = active_user_pks(session_users) if session_users else set()
     return [
         index
         for index, (pk, token) in enumerate(credentials)

@@ -9,7 +9,7 @@ from delegation import roles
 from delegation.admin.base import AdminOnly, ReadOnlyInline, admin_actor, report_outcomes
 from delegation.errors import PermissionRefused, RpcError
 from delegation.models import ALERT_KINDS, Webhook, WebhookAttempt, WebhookDelivery
-from delegation.services import alerts
+from delegation.services import webhooks
 
 
 def _field_error(exc: RpcError) -> forms.ValidationError:
@@ -26,7 +26,7 @@ class WebhookForm(forms.ModelForm):
         label="Secret",
         widget=forms.PasswordInput(render_value=False),
         help_text=(
-            f"At least {alerts.MIN_SECRET_CHARS} characters. Leave empty to have one made "
+            f"At least {webhooks.MIN_SECRET_CHARS} characters. Leave empty to have one made "
             "(new webhook) or to keep the current one (existing webhook)."
         ),
     )
@@ -37,7 +37,7 @@ class WebhookForm(forms.ModelForm):
 
     def clean_url(self):
         try:
-            return alerts.check_url(self.cleaned_data["url"])
+            return webhooks.check_url(self.cleaned_data["url"])
         except RpcError as exc:
             raise _field_error(exc) from None
 
@@ -45,7 +45,7 @@ class WebhookForm(forms.ModelForm):
         secret = self.cleaned_data.get("new_secret") or ""
         if secret:
             try:
-                alerts.check_secret(secret)
+                webhooks.check_secret(secret)
             except RpcError as exc:
                 raise _field_error(exc) from None
         return secret
@@ -56,7 +56,7 @@ def send_test(modeladmin, request, queryset):
     done, refused = [], []
     for hook in queryset:
         try:
-            delivery = alerts.do_send_test(admin_actor(request), hook)
+            delivery = webhooks.do_send_test(admin_actor(request), hook)
         except PermissionRefused as exc:
             refused.append(f"{hook}: refused: {exc}")
             continue
@@ -96,9 +96,9 @@ class WebhookAdmin(AdminOnly):
             "secret": data.get("new_secret") or None,
         }
         if change:
-            hook = alerts.do_update_webhook(admin_actor(request), obj, **fields)
+            hook = webhooks.do_update_webhook(admin_actor(request), obj, **fields)
         else:
-            created = alerts.do_create_webhook(admin_actor(request), **fields)
+            created = webhooks.do_create_webhook(admin_actor(request), **fields)
             hook = created.webhook
             if not data.get("new_secret"):
                 self.message_user(
@@ -113,11 +113,11 @@ class WebhookAdmin(AdminOnly):
         obj.created_by = hook.created_by
 
     def delete_model(self, request, obj):
-        alerts.do_delete_webhook(admin_actor(request), obj)
+        webhooks.do_delete_webhook(admin_actor(request), obj)
 
     def delete_queryset(self, request, queryset):
         for hook in queryset:
-            alerts.do_delete_webhook(admin_actor(request), hook)
+            webhooks.do_delete_webhook(admin_actor(request), hook)
 
 
 class AttemptInline(ReadOnlyInline):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib import admin, messages
 
 from delegation import roles
-from delegation.services.operator import Actor
+from delegation.services.run_actions import Actor
 
 
 class RoleAdmin(admin.ModelAdmin):

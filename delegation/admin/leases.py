@@ -7,7 +7,7 @@ from django.contrib import admin
 from delegation.admin.base import RoleAdmin, admin_actor, report_outcomes
 from delegation.errors import PermissionRefused, RpcError
 from delegation.models import Lease
-from delegation.services.operator import release_lease
+from delegation.services.run_actions import release_lease
 
 
 @admin.action(description="Release selected leases", permissions=["operate"])

@@ -16,8 +16,8 @@ from delegation.errors import PermissionRefused, RpcError
 from delegation.models import Budget, Event, Run, RunRollup, Session, SteerReceipt
 from delegation.protocol import MAX_STEER_BYTES
 from delegation.services.budgets import do_set_budget
-from delegation.services.operator import do_cancel_run, do_steer_run
 from delegation.services.pause import do_pause_run, do_resume_run
+from delegation.services.run_actions import do_cancel_run, do_steer_run
 from delegation.wire import BudgetLimits, utf8_len
 
 

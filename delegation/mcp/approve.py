@@ -25,7 +25,7 @@ from delegation.mcp.calls import call_service, refused
 from delegation.mcp.waiting import wait_until
 from delegation.models import ApprovalStatus
 from delegation.selectors.approvals import approval_state, approved_input
-from delegation.services import approvals, run_tokens
+from delegation.services import approval_endings, approvals, run_tokens
 from delegation.services.identity import Caller
 from delegation.services.run_tokens import RunCaller
 
@@ -71,7 +71,7 @@ async def wait_for_decision(ctx: Context, approval_pk: int, run_pk: int):
         lambda a: a.status != ApprovalStatus.PENDING,
     )
     if approval.status == ApprovalStatus.PENDING:
-        await database_sync_to_async(approvals.expire_one)(approval_pk, run_pk)
+        await database_sync_to_async(approval_endings.expire_one)(approval_pk, run_pk)
         approval = await read(approval_pk)
     return approval
 

@@ -21,7 +21,9 @@ from mcp_types import CallToolResult, TextContent, Tool
 
 from delegation.errors import INVALID_PARAMS, RpcError
 from delegation.mcp.calls import call_service
-from delegation.models import Command, Event, RunStatus
+from delegation.models import Command, RunStatus
+from delegation.selectors.events import latest_event_input
+from delegation.selectors.runners import command_answer
 from delegation.services import run_tokens
 from delegation.services.outbox import enqueue
 
@@ -32,12 +34,7 @@ CALL_TIMEOUT = 330.0
 
 
 def _hosted(run_caller, caller) -> list[dict]:
-    latest = (
-        Event.objects.filter(run_id=run_caller.run_pk, kind=TOOLS_KIND)
-        .order_by("-sequence")
-        .values_list("input", flat=True)
-        .first()
-    )
+    latest = latest_event_input(run_caller.run_pk, TOOLS_KIND)
     tools = latest.get("tools") if isinstance(latest, dict) else None
     return [t for t in tools or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
 
@@ -56,11 +53,7 @@ def _forward(run_caller, caller, name: str, arguments: dict) -> int:
 
 
 def _answer(run_caller, caller, command_pk: int) -> dict | None:
-    row = (
-        Command.objects.filter(pk=command_pk, runner_id=run_caller.runner_pk)
-        .values("answered_at", "result")
-        .first()
-    )
+    row = command_answer(command_pk, run_caller.runner_pk)
     if row is None or row["answered_at"] is None:
         return None
     return row["result"] if isinstance(row["result"], dict) else {}

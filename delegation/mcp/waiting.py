@@ -44,9 +44,9 @@ def _caller_of(ctx: Context) -> tuple[int, int, str]:
 
 
 def _run_pk_of(run_id: str) -> int | None:
-    from delegation.models import Run
+    from delegation.selectors.events import run_pk_of
 
-    return Run.objects.filter(run_id=run_id).values_list("pk", flat=True).first()
+    return run_pk_of(run_id)
 
 
 async def wait_on_run(ctx: Context, run_id: str, seconds: float, label: str, read, satisfied):

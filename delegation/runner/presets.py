@@ -26,7 +26,8 @@ from delegation import errors as codes
 from delegation.client import Preset, RpcError
 from delegation.runner.egress import Grant, check_allow_hosts, split_host_port
 from delegation.runner.kodelet.spec import ExtensionSpec, check_extensions
-from delegation.runner.sandbox import start_mask_thread, unsandboxed_warning
+from delegation.runner.sandbox import unsandboxed_warning
+from delegation.runner.sandbox_masks import start_mask_thread
 
 log = logging.getLogger("canopy.runner")
 

@@ -21,26 +21,24 @@ Inside it an agent has:
 A root runner's user namespace maps the agent to host uid 0 for file ownership (that is what
 lets it write a root-owned workspace); so files not readable by everyone in the system paths
 and the program's installation (``/etc/shadow``, private keys) are masked: an empty read-only
-directory or ``/dev/null``. The preset's ``readOnly`` paths are granted as they are.
+directory or ``/dev/null`` (``sandbox_masks``). The preset's ``readOnly`` paths are granted as they are.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 import os
 import pwd
 import shutil
-import stat
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
+
+from delegation.runner.sandbox_masks import SYSTEM_PATHS, masks, under
 
 
 class AgentPreset(Protocol):
@@ -55,7 +53,6 @@ class AgentPreset(Protocol):
 log = logging.getLogger("canopy.runner.sandbox")
 
 # What a sandbox sees of the machine, read-only: the system, not the runner's files.
-SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
 # The agent's uid and gid inside the user namespace of a root runner (nobody/nogroup).
 SANDBOX_UID = SANDBOX_GID = 65534
 # Where a sandbox sees its egress proxy's socket directory and the bridge that relays to it.
@@ -129,14 +126,14 @@ def installation(program: str, path: str) -> list[tuple[str, str]]:
         return []
     given = os.path.abspath(found)
     real = os.path.realpath(given)
-    if _under(real, SYSTEM_PATHS) and _under(given, SYSTEM_PATHS):
+    if under(real, SYSTEM_PATHS) and under(given, SYSTEM_PATHS):
         return []
     binds: list[tuple[str, str]] = []
     venv = _venv_root(given)
     if venv:
         binds.append((os.path.realpath(venv), venv))
         home = _venv_home(venv)
-        if home and not _under(home, SYSTEM_PATHS):
+        if home and not under(home, SYSTEM_PATHS):
             prefix = os.path.dirname(os.path.realpath(home))
             binds.append((prefix, prefix))
         return _with_real(binds)
@@ -214,146 +211,6 @@ def _venv_home(venv: str) -> str | None:
     return None
 
 
-def _under(path: str, roots: Iterable[str]) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Scan:
-    """What ``_hidden`` found under a root, and every directory it looked in with its mtime:
-    a file created (or removed, or renamed) in one changes that directory's mtime."""
-
-    hidden: tuple[tuple[str, bool], ...]
-    dirs: dict[str, int]
-
-    def changed(self) -> bool:
-        for path, mtime in self.dirs.items():
-            try:
-                if os.stat(path).st_mtime_ns != mtime:
-                    return True
-            except OSError:
-                return True
-        return False
-
-
-# A root with at most this many directories (/etc: ~160, under a millisecond) is re-checked at
-# every start; a larger one (/usr: 16,000-28,000, 40-80 ms of stats) by the runner's one mask
-# thread every MASK_RECHECK_SECONDS (about 1 % of a core), so a start does not wait for it.
-SYNC_CHECK_DIRS = 2000
-MASK_RECHECK_SECONDS = 5.0
-_mask_thread: threading.Thread | None = None
-_scans: dict[str, _Scan] = {}
-_scans_lock = threading.Lock()
-
-
-def _hidden(root: str) -> tuple[tuple[str, bool], ...]:
-    """Entries under ``root`` that not everyone may read: (path, is_directory), outermost
-    first; below a hidden directory nothing more is listed (it is masked whole). Scanned once,
-    then again whenever a directory under it changed (issue 33: a root-only file created after
-    the runner started was readable)."""
-    scan = _scans.get(root)
-    if scan is None or (len(scan.dirs) <= SYNC_CHECK_DIRS and scan.changed()):
-        scan = _scan(root)
-        with _scans_lock:
-            _scans[root] = scan
-    return scan.hidden
-
-
-def refresh_masks() -> None:
-    """Re-scan every large root whose directories changed (the mask thread's tick)."""
-    for root, scan in list(_scans.items()):
-        if len(scan.dirs) > SYNC_CHECK_DIRS and scan.changed():
-            fresh = _scan(root)
-            with _scans_lock:
-                _scans[root] = fresh
-
-
-def _scan(root: str) -> _Scan:
-    out: list[tuple[str, bool]] = []
-    dirs: dict[str, int] = {}
-    try:
-        root_stat = os.stat(root)
-    except OSError:
-        return _Scan((), {})
-    device = root_stat.st_dev
-    dirs[root] = root_stat.st_mtime_ns
-    stack = [root]
-    while stack:
-        current = stack.pop()
-        try:
-            entries = list(os.scandir(current))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISLNK(st.st_mode):
-                continue
-            if stat.S_ISDIR(st.st_mode):
-                if st.st_mode & 0o005 != 0o005:
-                    out.append((entry.path, True))
-                elif st.st_dev == device:  # another mount is not a system path's business
-                    dirs[entry.path] = st.st_mtime_ns
-                    stack.append(entry.path)
-            elif stat.S_ISREG(st.st_mode) and not st.st_mode & 0o004:
-                out.append((entry.path, False))
-    return _Scan(tuple(sorted(out)), dirs)
-
-
-def _hidden_under(real: str, scanned: Iterable[str]) -> tuple[tuple[str, bool], ...]:
-    """``_hidden(real)``, taken from a scan of a directory above it when there is one
-    (``/lib`` is ``/usr/lib`` on a merged-/usr system: scanning it again cost a second)."""
-    for above in scanned:
-        if real.startswith(above.rstrip("/") + "/"):
-            return tuple((p, d) for p, d in _hidden(above) if _under(p, [real]))
-    return _hidden(real)
-
-
-def masks(roots: Iterable[str]) -> list[str]:
-    """bwrap arguments that hide what not everyone may read under ``roots``."""
-    out: list[str] = []
-    roots = list(roots)
-    reals = [os.path.realpath(root) for root in roots]
-    for root, real in zip(roots, reals, strict=True):
-        if not os.path.isdir(real):
-            continue
-        for path, is_dir in _hidden_under(real, [r for r in reals if r != real]):
-            inside = root.rstrip("/") + path[len(real) :]
-            if is_dir:
-                out += ["--tmpfs", inside, "--remount-ro", inside]
-            else:
-                out += ["--ro-bind", "/dev/null", inside]
-    return out
-
-
-def warm_masks() -> None:
-    """The first scan of the system paths (seconds on a cold disk)."""
-    masks(SYSTEM_PATHS)
-
-
-def start_mask_thread() -> None:
-    """The root runner's mask thread, once per process: the first scan, then a re-check of the
-    large roots every ``MASK_RECHECK_SECONDS`` for as long as the process runs."""
-    global _mask_thread
-    with _scans_lock:
-        if _mask_thread is not None:
-            return
-        _mask_thread = threading.Thread(target=_keep_masks_fresh, name="sandbox-masks", daemon=True)
-    _mask_thread.start()
-
-
-def _keep_masks_fresh() -> None:
-    warm_masks()
-    while True:
-        time.sleep(MASK_RECHECK_SECONDS)
-        try:
-            refresh_masks()
-        except Exception:  # a vanished directory mid-scan: the next tick scans again
-            log.warning("re-checking the sandbox masks failed", exc_info=True)
-
-
 def bwrap(
     preset: AgentPreset,
     argv: list[str],
@@ -385,7 +242,7 @@ def bwrap(
     # Name resolution where /etc/resolv.conf links out of /etc (systemd-resolved's /run file):
     # that one file, not the rest of /run (its sockets). Behind the proxy the proxy resolves.
     resolver = os.path.realpath("/etc/resolv.conf")
-    if preset.network == "host" and not _under(resolver, SYSTEM_PATHS):
+    if preset.network == "host" and not under(resolver, SYSTEM_PATHS):
         out += ["--ro-bind-try", resolver, resolver]
     out += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     # HOME before the read-only binds: an interpreter installed under the runner's HOME
@@ -400,11 +257,11 @@ def bwrap(
     binds = installation(argv[0], env.get("PATH", ""))
     if egress is not None:
         # The bridge (standard library only) runs on the runner's own interpreter.
-        if not _under(BRIDGE_PYTHON, SYSTEM_PATHS):
+        if not under(BRIDGE_PYTHON, SYSTEM_PATHS):
             binds += installation(BRIDGE_PYTHON, "")
         out += ["--ro-bind", egress, EGRESS_DIR, "--ro-bind", BRIDGE_SOURCE, BRIDGE_INSIDE]
     script = script_of(argv, cwd)
-    if script and not _under(script, (workspace,)):
+    if script and not under(script, (workspace,)):
         binds += _with_real([(os.path.realpath(script), script)])
     for source, dest in binds:
         out += ["--ro-bind", source, dest]
@@ -418,7 +275,7 @@ def bwrap(
     if private:
         out += ["--ro-bind", private, private]
     out += ["--bind", workspace, workspace]
-    if _under(home_dir, (workspace,)):
+    if under(home_dir, (workspace,)):
         # A HOME inside the workspace would be the workspace's own directory once it is bound,
         # shared by every child (issue 33: one planted a settings hook that read its siblings'
         # run tokens): the child's private HOME goes on top of it again.

@@ -37,7 +37,7 @@ from delegation.protocol import CLOSE_FENCED, CLOSE_UNAUTHORIZED, bearer_token
 from delegation.runner_socket import envelope, fences, methods
 from delegation.runner_socket.database_calls import claim, collecting, on_database
 from delegation.runner_socket.frame_groups import frame_groups
-from delegation.services import answers, operator, outbox, runners, tokens
+from delegation.services import answers, outbox, run_actions, runners, tokens
 from delegation.wire import dumps
 
 log = logging.getLogger(__name__)
@@ -311,7 +311,7 @@ class RunnerSocketConsumer(AsyncWebsocketConsumer):
 
     async def _await_release(self, rpc_id, lease_pk):
         try:
-            result = await operator.await_release(lease_pk)
+            result = await run_actions.await_release(lease_pk)
         except RpcError as error:
             await self._reply_error(rpc_id, error)
             return

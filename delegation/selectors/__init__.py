@@ -51,21 +51,23 @@ from delegation.selectors.runs import (
     subtree_row_values,
     text_matches,
 )
-from delegation.selectors.trees import (
+from delegation.selectors.tree_chunks import (
     column_rows,
+    preorder,
+    subtree_rows_by_pk,
+    subtree_skeleton,
+    tree_chunk,
+    tree_leases,
+)
+from delegation.selectors.trees import (
     live_descendant_count,
     live_descendants,
-    preorder,
     root_pks_by_run_id,
     root_summaries,
     run_id_of,
-    subtree_rows_by_pk,
     subtree_run_ids,
     subtree_runs,
-    subtree_skeleton,
     subtree_with_counts,
-    tree_chunk,
-    tree_leases,
     tree_root_pk,
     tree_rows,
     tree_rows_changed,

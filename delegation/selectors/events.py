@@ -81,3 +81,17 @@ def event_export_page(run_pks, after: tuple[int, int], size: int) -> list[tuple]
         Q(run_id__gt=run_pk) | Q(run_id=run_pk, sequence__gt=sequence)
     )
     return list(events.order_by("run_id", "sequence").values_list(*EXPORT_EVENT_COLUMNS)[:size])
+
+
+def latest_event_input(run_pk: int, kind: str):
+    """The ``input`` of the run's latest event of ``kind`` (None if it has none)."""
+    return (
+        Event.objects.filter(run_id=run_pk, kind=kind)
+        .order_by("-sequence")
+        .values_list("input", flat=True)
+        .first()
+    )
+
+
+def run_pk_of(run_id: str) -> int | None:
+    return Run.objects.filter(run_id=run_id).values_list("pk", flat=True).first()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import Count, F
 
-from delegation.models import ExtensionPreset, Lease, LeaseState, Run, Runner, RunStatus
+from delegation.models import Command, ExtensionPreset, Lease, LeaseState, Run, Runner, RunStatus
 from delegation.selectors.events import millis
 
 
@@ -121,3 +121,12 @@ def fence_states(runner_pks) -> dict[int, tuple[int, bool, str]]:
         "pk", "connection_generation", "revoked_at", "token_hash"
     )
     return {pk: (generation, revoked is not None, token) for pk, generation, revoked, token in rows}
+
+
+def command_answer(command_pk: int, runner_pk: int) -> dict | None:
+    """A command of this runner, as ``{"answered_at", "result"}`` (None: no such command)."""
+    return (
+        Command.objects.filter(pk=command_pk, runner_id=runner_pk)
+        .values("answered_at", "result")
+        .first()
+    )

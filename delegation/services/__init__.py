@@ -1,5 +1,5 @@
 """Writes, one module per domain (Zulip's ``zerver/actions`` layout): callers import from the
-domain module, e.g. ``from delegation.services.operator import do_steer_run``.
+domain module, e.g. ``from delegation.services.run_actions import do_steer_run``.
 
 Every service runs in one transaction and takes typed arguments (model rows, pydantic
 objects), never raw JSON-RPC params: ``delegation.runner_socket.methods`` decodes those for the runner socket.

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -21,7 +19,7 @@ from delegation import metrics, notify
 from delegation.errors import INVALID_PARAMS, NO_SUCH_RUN, REQUEST_ID_REUSED, RpcError
 from delegation.models import Approval, ApprovalPolicy, ApprovalStatus, Command, Run
 from delegation.selectors.approvals import approved_input, policy_chain
-from delegation.services import alerts
+from delegation.services import webhooks
 from delegation.services.approval_policy import allow_always_rule, effective, flatten
 from delegation.services.audit import audit, require_operator
 from delegation.services.base import lock_run, store_server_event
@@ -162,9 +160,9 @@ def do_request_approval(*, run: Run, use: ToolUse, via: str, actor_label: str) -
         decision = effective(policy_chain(run), tool=use.tool_name, kind=use.kind, input=use.input)
         if decision in ("allow", "deny"):
             message = "" if decision == "allow" else "denied by policy"
-            _decide(approval, run, decision=decision, by="policy", message=message)
+            decide(approval, run, decision=decision, by="policy", message=message)
         else:
-            alerts.enqueue_alert("approval-requested", _alert_payload(approval, run))
+            webhooks.enqueue_alert("approval-requested", _alert_payload(approval, run))
             transaction.on_commit(metrics.approval_requested)
             notify.approvals_changed()
         return approval
@@ -185,7 +183,7 @@ def _alert_payload(approval: Approval, run: Run) -> dict:
 # --- Decisions ---------------------------------------------------------------------------
 
 
-def _decide(
+def decide(
     approval: Approval,
     run: Run,
     *,
@@ -302,7 +300,7 @@ DECISION_HOOKS: dict = {}
 def _decide_by_operator(actor, approval, run, rule_run, decision, message, updated_input, scope):
     """The decision, its "allow always" rule and its audit entry (all under the locks)."""
     by = f"operator:{actor.user.get_username()}" if actor.user is not None else actor.label
-    _decide(
+    decide(
         approval,
         run,
         decision=decision,
@@ -409,11 +407,11 @@ def _by_policy(run: Run, approval: Approval) -> dict | None:
 
 
 def _reevaluate_one(approval_pk: int, run_pk: int) -> bool:
-    return _decide_if_pending(approval_pk, run_pk, _by_policy)
+    return decide_if_pending(approval_pk, run_pk, _by_policy)
 
 
 @retry_conflicts
-def _decide_if_pending(approval_pk: int, run_pk: int, choose) -> bool:
+def decide_if_pending(approval_pk: int, run_pk: int, choose) -> bool:
     """Under the locks, if still pending: ``choose(run, approval)``'s decision, if any."""
     with transaction.atomic():
         run = lock_run(run_pk)
@@ -423,48 +421,5 @@ def _decide_if_pending(approval_pk: int, run_pk: int, choose) -> bool:
         chosen = choose(run, approval)
         if chosen is None:
             return False
-        _decide(approval, run, **chosen)
+        decide(approval, run, **chosen)
         return True
-
-
-# --- Lifecycle ---------------------------------------------------------------------------
-
-
-def deny_pending(run: Run, *, reason: str, by: str = "cancel") -> int:
-    """Deny every pending approval of ``run`` (held locked by the caller): a cancel, or the
-    run ending while its agent still waited."""
-    count = 0
-    for approval in Approval.objects.select_for_update(of=("self",)).filter(
-        run=run, status=ApprovalStatus.PENDING
-    ):
-        _decide(approval, run, decision="deny", by=by, message=reason)
-        count += 1
-    return count
-
-
-def expire_due(now=None) -> list[str]:
-    """The sweep's step: deny (``expired``) each approval pending longer than the timeout."""
-    now = now or timezone.now()
-    seconds = settings.APPROVAL_TIMEOUT_SECONDS
-    due = Approval.objects.filter(
-        status=ApprovalStatus.PENDING, requested_at__lte=now - timedelta(seconds=seconds)
-    )
-    expired = []
-    for pk, run_pk, approval_id in due.values_list("pk", "run_id", "approval_id"):
-        if expire_one(pk, run_pk):
-            expired.append(approval_id)
-    return expired
-
-
-def _timed_out(run: Run, approval: Approval) -> dict:
-    seconds = settings.APPROVAL_TIMEOUT_SECONDS
-    return {
-        "decision": "deny",
-        "by": "timeout",
-        "message": f"no decision within {seconds:g} s",
-        "status": ApprovalStatus.EXPIRED,
-    }
-
-
-def expire_one(approval_pk: int, run_pk: int) -> bool:
-    return _decide_if_pending(approval_pk, run_pk, _timed_out)

@@ -13,7 +13,7 @@ import uuid
 from delegation import notify
 from delegation.models import Approval, Budget, Run
 from delegation.selectors import live_descendants
-from delegation.services import alerts
+from delegation.services import webhooks
 from delegation.services.base import lock_run, store_server_event
 from delegation.services.identity import Actor
 from delegation.services.pause import request_pause
@@ -60,7 +60,7 @@ def pause_at_limit(run: Run, budget: Budget, reason: str, name: str, used, cap) 
         input=approval.input,
         data={"approvalId": approval.approval_id, "kind": KIND},
     )
-    alerts.enqueue_alert("budget-paused", {**alerts.run_payload(run), "reason": reason, **data})
+    webhooks.enqueue_alert("budget-paused", {**webhooks.run_payload(run), "reason": reason, **data})
     notify.approvals_changed()
     return approval
 

@@ -25,13 +25,13 @@ from django.utils import timezone
 from delegation.errors import BUDGET_EXHAUSTED, INVALID_PARAMS, RpcError
 from delegation.models import AuditEntry, Budget, Event, Run, RunRollup, RunStatus
 from delegation.selectors import live_descendants
-from delegation.services import alerts, approvals, budget_pause, rollups
+from delegation.services import approvals, budget_pause, rollups, webhooks
 from delegation.services.audit import audit, require_operator
 from delegation.services.base import lock_run, store_server_event
 from delegation.services.identity import Actor
 from delegation.services.locks import retry_conflicts
-from delegation.services.operator import request_cancel
 from delegation.services.pause import request_resume
+from delegation.services.run_actions import request_cancel
 from delegation.wire import BudgetLimits, parse_model
 
 log = logging.getLogger(__name__)
@@ -327,7 +327,7 @@ def record_budget_event(run: Run, kind: str, text: str, data: dict) -> Event:
     assert kind in ("budget-warning", "budget-exceeded"), kind
     event = store_server_event(run, kind, actor=BUDGET_ACTOR.label, text=text, data=data)
     # Stored in the same transaction as the event: the alert commits (or not) with it.
-    alerts.enqueue_alert(kind, {**alerts.run_payload(run), "reason": text, "budget": data})
+    webhooks.enqueue_alert(kind, {**webhooks.run_payload(run), "reason": text, "budget": data})
     return event
 
 

@@ -20,7 +20,7 @@ from delegation import notify
 from delegation.errors import INVALID_PARAMS, RpcError
 from delegation.models import Run, Runner, RunStatus, Session
 from delegation.selectors import RESULT_RELATED, snapshot
-from delegation.services import alerts, approvals, rollups
+from delegation.services import approval_endings, rollups, webhooks
 from delegation.services.base import task_of
 from delegation.services.outbox import enqueue
 from delegation.tracing import queue as trace_queue
@@ -163,7 +163,7 @@ def mark_finished(run: Run, status: str, *, error: str = "", output: str | None 
     )
     rollups.status_changed(run, old, status)
     # An agent still waiting on an approval has stopped waiting: nobody may allow it now.
-    approvals.deny_pending(run, reason="run cancelled" if run.cancelled else "run ended")
+    approval_endings.deny_pending(run, reason="run cancelled" if run.cancelled else "run ended")
     notify.run_changed(run)
-    alerts.run_finished(run)
+    webhooks.run_finished(run)
     trace_queue.run_ended(run)

@@ -16,13 +16,13 @@ from delegation.models import (
     Runner,
     RunStatus,
 )
-from delegation.services import alerts, approvals, rollups
+from delegation.services import approvals, rollups, webhooks
 from delegation.services.audit import audit
 from delegation.services.base import lock_run
 from delegation.services.identity import Actor, Connection
 from delegation.services.lifecycle import mark_finished
 from delegation.services.locks import retry_conflicts
-from delegation.services.operator import do_release_lease
+from delegation.services.run_actions import do_release_lease
 from delegation.wire import RegisterParams
 
 RUNNER_LOST_ERROR = "runner lost"
@@ -178,5 +178,5 @@ def lose_runner(runner: Runner, now) -> None:
         mark_finished(run, RunStatus.LOST, error=RUNNER_LOST_ERROR)
         lost_runs.append(run.run_id)
     audit(lost, "runner-lost", "runner", runner.name, "lost")
-    alerts.runner_lost(runner, lost_runs)
+    webhooks.runner_lost(runner, lost_runs)
     notify.runner_changed(runner.pk)

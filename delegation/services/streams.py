@@ -23,7 +23,7 @@ from delegation.services.conclusions import conclude_from_output
 from delegation.services.identity import Actor, Connection
 from delegation.services.lifecycle import mark_finished
 from delegation.services.locks import retry_conflicts
-from delegation.services.operator import request_cancel
+from delegation.services.run_actions import request_cancel
 from delegation.services.runners import check_fence, current_runner
 from delegation.wire import (
     MAX_EVENT_FIELD_BYTES,

@@ -12,10 +12,10 @@ from django.utils import timezone
 
 from delegation import notify
 from delegation.models import Lease, LeaseState, Runner
-from delegation.services import approvals, budgets, rollups
+from delegation.services import approval_endings, budgets, rollups
 from delegation.services.identity import Actor
 from delegation.services.locks import retry_conflicts
-from delegation.services.operator import do_release_lease
+from delegation.services.run_actions import do_release_lease
 from delegation.services.runners import lose_runner
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def sweep(now=None) -> SweepReport:
         if lost:
             report.lost_runners.append(lost)
     report.budget_stops = budgets.sweep_budgets(now)
-    report.expired_approvals = approvals.expire_due()
+    report.expired_approvals = approval_endings.expire_due()
     return report
 
 

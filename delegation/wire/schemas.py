@@ -417,3 +417,28 @@ class Result(RunSnapshot):
     """A run's snapshot. Every field is always present (``""``, ``false``, ``[]`` when empty)."""
 
     events: list[dict[str, Any]]
+
+
+# SPEC §6 ``Result``'s keys in the SPEC's order (``events`` after ``output``), and §9's
+# ``conclusion``: the one place they are written. The REST shapes (``dashboard.api.schemas.runs``)
+# are built from ``Result`` in this order, so the three views of a run cannot drift apart.
+RESULT_KEYS = (
+    "runnerId",
+    "hostInstanceId",
+    "conversationId",
+    "runId",
+    "parentConversationId",
+    "parentRunId",
+    "extensionId",
+    "profile",
+    "done",
+    "cancelled",
+    "error",
+    "output",
+    "events",
+    "depth",
+    "status",
+    "conclusion",
+)
+if set(RESULT_KEYS) != {f.alias or n for n, f in Result.model_fields.items()}:
+    raise RuntimeError("RESULT_KEYS and Result's fields differ")

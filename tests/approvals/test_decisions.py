@@ -12,7 +12,7 @@ from django.utils import timezone
 from delegation.errors import RpcError
 from delegation.models import Approval, AuditEntry, Command, Event
 from delegation.runner_socket import methods
-from delegation.services import operator, sweep
+from delegation.services import run_actions, sweep
 from delegation.services.identity import Actor
 from tests.support.api import start_child
 
@@ -124,7 +124,7 @@ def test_it_narrows_with_a_deny_above_and_decides_pending_on_a_policy_change(wor
 
 def test_it_denies_pending_approvals_on_cancel_and_on_timeout(world, settings):
     cancelled = _ask(world, world.child["runId"], "t-1")
-    operator.do_cancel_run(Actor.system("test"), world_run(world.child["runId"]), reason="stop")
+    run_actions.do_cancel_run(Actor.system("test"), world_run(world.child["runId"]), reason="stop")
     approval = Approval.objects.get(approval_id=cancelled["approvalId"])
     assert (approval.decision, approval.message, approval.decided_by) == (
         "deny",

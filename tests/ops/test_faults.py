@@ -29,7 +29,7 @@ from django.conf import settings
 
 from delegation.client import event
 from delegation.models import AuditEntry, Lease, Run, Runner
-from delegation.services.operator import Actor, do_steer_run
+from delegation.services.run_actions import Actor, do_steer_run
 from tests.support import live_server
 from tests.support.fault_tools import DOOMED_RUNNER, PgFaults, RedisServer, rss_mb
 from tests.support.paths import PROJECT as BASE_DIR

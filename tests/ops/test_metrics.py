@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from delegation import webhooks
 from delegation.client import event
-from delegation.services import alerts
-from delegation.services.operator import Actor
+from delegation.services import webhooks as alerts
+from delegation.services.run_actions import Actor
 from tests.support.personas import api_token, session_cookie
 from tests.support.tcp_clients import LiveClient, RecordingRunner, make_runner
 from tests.support.webhook_receiver import Receiver

@@ -16,9 +16,10 @@ from django.db import connections
 
 from delegation.models import Command, Run
 from delegation.runner_socket import methods
-from delegation.services import children, operator
+from delegation.services import run_actions
+from delegation.services.children import start as children
 from delegation.services.identity import Actor
-from delegation.services.operator import do_cancel_run
+from delegation.services.run_actions import do_cancel_run
 from tests.support.concurrency import parallel_writers, service_connection, start_params
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -121,7 +122,7 @@ def test_it_retries_a_deadlocked_cancel_instead_of_failing_the_operator(monkeypa
     conn = service_connection()
     methods.open_run(conn, {"conversationId": "conv-root", "runId": "root"})
     root = Run.objects.get(run_id="root")
-    raised = _conflict_once(monkeypatch, operator, "request_cancel", "40P01")
+    raised = _conflict_once(monkeypatch, run_actions, "request_cancel", "40P01")
     report = do_cancel_run(Actor.system("operator"), root, reason="stop")
     assert raised == ["40P01"] and report["outcome"] == "requested"
     assert Command.objects.filter(method="run.cancel", run=root).count() == 1

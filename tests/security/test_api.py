@@ -46,7 +46,7 @@ def test_it_answers_a_roleless_user_the_same_whether_the_run_or_lease_exists(wor
 
 
 def test_it_audits_a_roleless_users_refusals_at_most_once_a_minute(world, people):
-    from delegation.services.operator import Actor, do_cancel_run
+    from delegation.services.run_actions import Actor, do_cancel_run
 
     outsider = Actor.for_user(people["outsider"], via="api")
     run = Run.objects.get(run_id=world.child["runId"])

@@ -20,7 +20,7 @@ from django.utils import timezone
 from delegation import models
 from delegation.runner_socket import consumer
 from delegation.services import answers, sweep, tokens
-from delegation.services.operator import Actor, do_steer_run
+from delegation.services.run_actions import Actor, do_steer_run
 from tests.support.rpc import adb, communicator
 
 pytestmark = pytest.mark.django_db(transaction=True)

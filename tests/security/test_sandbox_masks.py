@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from delegation.runner import sandbox
+from delegation.runner import sandbox, sandbox_masks
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def root(tmp_path):
 
 
 def _masked(args: list[str]) -> set[str]:
-    """The paths masked by ``sandbox.masks`` arguments: /dev/null over a file, a tmpfs over a
+    """The paths masked by ``sandbox_masks.masks`` arguments: /dev/null over a file, a tmpfs over a
     directory."""
     files = {
         args[i + 2] for i, a in enumerate(args) if a == "--ro-bind" and args[i + 1] == "/dev/null"
@@ -38,30 +38,30 @@ def _secret(path) -> None:
 
 
 def test_it_masks_a_root_only_file_created_after_the_first_start(root):
-    first = sandbox.masks([str(root)])
+    first = sandbox_masks.masks([str(root)])
     assert not _masked(first)
     _secret(root / "ssl" / "private.key")
     (root / "vault").mkdir(mode=0o700)
-    later = _masked(sandbox.masks([str(root)]))
+    later = _masked(sandbox_masks.masks([str(root)]))
     assert later == {str(root / "ssl" / "private.key"), str(root / "vault")}
 
 
 def test_it_rechecks_a_large_root_off_the_start_path(root, monkeypatch):
-    monkeypatch.setattr(sandbox, "SYNC_CHECK_DIRS", 0)  # every root counts as large
-    assert not _masked(sandbox.masks([str(root)]))
+    monkeypatch.setattr(sandbox_masks, "SYNC_CHECK_DIRS", 0)  # every root counts as large
+    assert not _masked(sandbox_masks.masks([str(root)]))
     _secret(root / "ssl" / "late.key")
-    sandbox.refresh_masks()  # the mask thread's tick
-    assert _masked(sandbox.masks([str(root)])) == {str(root / "ssl" / "late.key")}
+    sandbox_masks.refresh_masks()  # the mask thread's tick
+    assert _masked(sandbox_masks.masks([str(root)])) == {str(root / "ssl" / "late.key")}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a root runner's sandbox needs root (CI is root)")
 def test_it_hides_a_late_root_only_file_from_a_root_runners_agent(root):
     """Through real bubblewrap as a root runner runs it: uid 0 mapped in a user namespace."""
     secret = root / "ssl" / "late.key"
-    sandbox.masks([str(root)])  # the runner's first start
+    sandbox_masks.masks([str(root)])  # the runner's first start
     _secret(secret)
     command = ["bwrap", "--unshare-user", "--uid", "65534", "--gid", "65534"]
-    command += ["--ro-bind", "/", "/", *sandbox.masks([str(root)]), "cat", str(secret)]
+    command += ["--ro-bind", "/", "/", *sandbox_masks.masks([str(root)]), "cat", str(secret)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=30)
     # Masked by /dev/null on a nodev bind: empty, or refused; never the file.
     assert "root only" not in done.stdout, done.stdout + done.stderr

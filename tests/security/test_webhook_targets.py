@@ -26,8 +26,9 @@ from django.test import Client
 from delegation import webhooks
 from delegation.errors import RpcError
 from delegation.models import WebhookAttempt, WebhookDelivery
-from delegation.services import alerts
-from delegation.services.operator import Actor
+from delegation.services import webhooks as alerts
+from delegation.services.run_actions import Actor
+from delegation.services.webhooks import targets
 from tests.support.personas import api_token
 from tests.support.webhook_receiver import Receiver
 
@@ -78,7 +79,7 @@ class Names:
         monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
         monkeypatch.setattr(anyio, "connect_tcp", connect_tcp)
         monkeypatch.setattr(
-            alerts,
+            targets,
             "resolve_host",
             lambda host, port: [a[4][0] for a in getaddrinfo(host, port)],
             raising=False,  # so that the tests also run (and fail) on the code before the fix

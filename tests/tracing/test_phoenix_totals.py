@@ -12,8 +12,8 @@ from decimal import Decimal
 
 import pytest
 
-from delegation import rpc
 from delegation.models import ModelPrice, Run
+from delegation.runner_socket import methods
 from delegation.tracing import spans as mapping
 from tests.support.api import drive_runner, emit, start_child
 
@@ -102,7 +102,7 @@ def test_phoenix_sums_the_same_tokens_and_cost_as_canopy(phoenix, daphne_factory
     )
     conn = drive_runner("runner-phx-totals", host="host-phx-totals")
     root = "phx-totals-root"
-    rpc.open_run(
+    methods.open_run(
         conn,
         {
             "conversationId": "conv-phx-totals",
@@ -114,8 +114,8 @@ def test_phoenix_sums_the_same_tokens_and_cost_as_canopy(phoenix, daphne_factory
     emit(conn, root, [_usage(12000, 800), _usage(3000, 1500)])
     child = start_child(conn, root, "phx-totals-req")["runId"]
     emit(conn, child, [_usage(4000, 250)])
-    rpc.finish_run(conn, {"runId": child, "output": "child done"})
-    rpc.finish_run(conn, {"runId": root, "output": "root done"})
+    methods.finish_run(conn, {"runId": child, "output": "child done"})
+    methods.finish_run(conn, {"runId": root, "output": "root done"})
 
     rollup = Run.objects.select_related("rollup").get(run_id=root).rollup
     canopy_tokens = rollup.sub_tokens_in + rollup.sub_tokens_out

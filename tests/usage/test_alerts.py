@@ -32,8 +32,9 @@ from delegation.models import (
     WebhookAttempt,
     WebhookDelivery,
 )
-from delegation.services import alerts, sweep
-from delegation.services.operator import Actor
+from delegation.services import sweep
+from delegation.services import webhooks as alerts
+from delegation.services.run_actions import Actor
 from tests.support.personas import api_token, signed_in
 from tests.support.tcp_clients import api
 from tests.support.webhook_receiver import Receiver

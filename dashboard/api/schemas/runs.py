@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from ninja import Schema
-from pydantic import Field, field_validator
+from pydantic import Field, create_model, field_validator
 
 from dashboard.api.schemas.common import (
     NO_NUL,
@@ -22,7 +22,7 @@ from dashboard.api.schemas.conclusions import ConclusionOut
 from dashboard.api.schemas.usage import BudgetLimitsBody, BudgetOut, TreeBudget, TreeUsage, Usage
 from delegation.models import LeaseState, RunStatus
 from delegation.protocol import MAX_STEER_BYTES
-from delegation.wire import MAX_MESSAGE_BYTES, Strict, utf8_len
+from delegation.wire import MAX_MESSAGE_BYTES, RESULT_KEYS, Result, Strict, utf8_len
 from delegation.wire.approvals import Policy
 
 
@@ -220,52 +220,49 @@ class LeaseRef(Schema):
     expiresAt: datetime
 
 
-class RunResult(Schema):
-    """SPEC §6 ``Result``: every field always present."""
-
-    runnerId: str
-    hostInstanceId: str
-    conversationId: str
-    runId: str
-    parentConversationId: str
-    parentRunId: str
-    extensionId: str
-    profile: str
-    done: bool
-    cancelled: bool
-    error: str
-    output: str
-    events: list[EventOut]
-    depth: int
-    status: RunStatus
-    conclusion: ConclusionOut | None = Field(
+_CONCLUSION = (
+    ConclusionOut | None,
+    Field(
         description="SPEC §9 Conclusions: what the run says it achieved; null until it concludes"
+    ),
+)
+
+
+def result_schema(name: str, doc: str | None, **narrowed) -> type[Schema]:
+    """SPEC §6 ``Result`` as a REST schema, built from the wire's ``Result`` (its keys in
+    ``RESULT_KEYS`` order, every one required): the one place its fields are written is
+    ``delegation.wire``. ``narrowed`` gives a key a tighter type for the OpenAPI document
+    (the status enum, the event shape, the conclusion's schema), as ``(type, Field)``."""
+    by_key = {info.alias or attr: info for attr, info in Result.model_fields.items()}
+    fields = {key: narrowed.pop(key, (by_key[key].annotation, ...)) for key in RESULT_KEYS}
+    if narrowed:
+        raise TypeError(f"not Result keys: {sorted(narrowed)}")
+    return create_model(name, __base__=Schema, __doc__=doc, __module__=__name__, **fields)
+
+
+RunResult = result_schema(
+    "RunResult",
+    "SPEC §6 ``Result``: every field always present.",
+    events=(list[EventOut], ...),
+    status=(RunStatus, ...),
+    conclusion=_CONCLUSION,
+)
+
+
+class RunDetail(
+    result_schema(
+        "RunDetailResult",
+        None,
+        events=(
+            list[EventOut],
+            Field(description="Always []: read events from /api/runs/{runId}/events (paged)"),
+        ),
+        status=(RunStatus, ...),
+        conclusion=_CONCLUSION,
     )
-
-
-class RunDetail(Schema):
+):
     """The SPEC §6 `Result` (every field present) plus what an operator needs around it."""
 
-    runnerId: str
-    hostInstanceId: str
-    conversationId: str
-    runId: str
-    parentConversationId: str
-    parentRunId: str
-    extensionId: str
-    profile: str
-    done: bool
-    cancelled: bool
-    error: str
-    output: str
-    events: list[EventOut] = Field(
-        description="Always []: read events from /api/runs/{runId}/events (paged)"
-    )
-    depth: int
-    status: RunStatus
-    conclusion: ConclusionOut | None = Field(
-        description="SPEC §9 Conclusions: what the run says it achieved; null until it concludes"
-    )
     task: str = Field(
         description='The run\'s task: first line of its request message, as lists show it ("" if none)'
     )

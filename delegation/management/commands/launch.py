@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 from delegation.errors import PermissionRefused, RpcError
 from delegation.models import AuditEntry, Run
 from delegation.services.launch import Launch, do_launch_run, relaunch_of
-from delegation.services.operator import Actor
+from delegation.services.run_actions import Actor
 from delegation.wire import BudgetLimits, loads_strict, parse_model
 
 

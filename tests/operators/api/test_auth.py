@@ -7,7 +7,7 @@ import pytest
 
 from delegation.models import AuditEntry
 from delegation.services import tokens
-from delegation.services.operator import Actor, audit
+from delegation.services.run_actions import Actor, audit
 from tests.support.api import AUTH_MODES, PERSONAS
 from tests.support.state import observable_state
 

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from delegation.models import AuditEntry, Run
 from delegation.runner_socket import methods
-from delegation.services.operator import Actor, audit
+from delegation.services.run_actions import Actor, audit
 from tests.support.api import drive_runner, emit, start_child
 
 pytestmark = pytest.mark.django_db

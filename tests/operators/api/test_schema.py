@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, settings
 
 from delegation import roles
 from delegation.runner_socket import methods
-from delegation.services import alerts
-from delegation.services.operator import Actor
+from delegation.services import webhooks as alerts
+from delegation.services.run_actions import Actor
 from tests.support.api import build_world
 from tests.support.personas import api_token, make_person
 

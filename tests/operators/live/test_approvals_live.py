@@ -15,7 +15,7 @@ from django.db import connection, transaction
 
 from delegation import models
 from delegation.services.approvals import VIA_MCP, ToolUse, do_decide_approval, do_request_approval
-from delegation.services.operator import Actor
+from delegation.services.run_actions import Actor
 from tests.support.live import ORIGIN, check_frames, frame, live_socket, until
 from tests.support.personas import session_cookie
 

@@ -11,7 +11,7 @@ from channels.db import database_sync_to_async
 
 from dashboard.live import frames as live_frames
 from delegation import models, notify, protocol
-from delegation.services.operator import Actor, do_cancel_run
+from delegation.services.run_actions import Actor, do_cancel_run
 from tests.support.live import ORIGIN, check_frames, frame, live_socket, operator_socket, until
 from tests.support.personas import api_token, session_cookie
 

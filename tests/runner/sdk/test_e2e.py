@@ -21,7 +21,7 @@ from delegation.models import Event, Run, RunStatus
 from delegation.runner.command import CommandEngine, CommandPreset
 from delegation.runner.host import RunnerHost
 from delegation.runner.scripted import ScriptedConfig, ScriptedEngine
-from delegation.services import operator, tokens
+from delegation.services import run_actions, tokens
 from tests.support import live_server
 from tests.support.paths import AGENTS
 from tests.support.paths import PROJECT as BASE_DIR
@@ -710,9 +710,9 @@ async def test_it_connects_the_documented_shell_agent_through_the_command_engine
                 assert runner.poll() is None, runner.stdout.read()
                 await asyncio.sleep(0.1)
         # An operator steers it: the line reaches the script's stdin.
-        actor = operator.Actor.system("test-operator")
+        actor = run_actions.Actor.system("test-operator")
         for number, message in enumerate(["be nice", "done"]):
-            answer = await sync_to_async(operator.do_steer_run)(
+            answer = await sync_to_async(run_actions.do_steer_run)(
                 actor, run, request_id=f"op-{number}", message=message
             )
             assert answer == {"outcome": "injected"}

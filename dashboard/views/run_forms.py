@@ -11,24 +11,23 @@ from django.contrib import messages
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from dashboard.form_errors import NUL_STATUS, nul_field, nul_message, refusal
-from dashboard.views import (
-    _BUDGET_FIELDS,
-    _actor,
-    _context,
-    _done,
-    _refused,
-    _run_or_404,
-    run_context,
+from dashboard.views.base import (
+    actor_of,
+    page_context,
+    redirect_done,
+    refused,
+    run_or_404,
     viewer_required,
 )
+from dashboard.views.form_errors import NUL_STATUS, nul_field, nul_message, refusal
+from dashboard.views.runs import BUDGET_FIELDS, run_context
 from delegation import selectors
 from delegation.errors import PermissionRefused, RpcError
 from delegation.services.budgets import do_set_budget
 from delegation.services.launch import do_relaunch_run
 from delegation.wire import BudgetLimits, parse_model
 
-BUDGET_NAMES = tuple(name for name, _label, _step in _BUDGET_FIELDS)
+BUDGET_NAMES = tuple(name for name, _label, _step in BUDGET_FIELDS)
 
 
 def _again(request, run, status: int, **form):
@@ -36,7 +35,7 @@ def _again(request, run, status: int, **form):
 
 
 def _budget_again(request, run, typed: dict, error: str, field: str, status: int):
-    fields = [(name, label, step, typed.get(name, "")) for name, label, step in _BUDGET_FIELDS]
+    fields = [(name, label, step, typed.get(name, "")) for name, label, step in BUDGET_FIELDS]
     return _again(
         request,
         run,
@@ -52,7 +51,7 @@ def _budget_again(request, run, typed: dict, error: str, field: str, status: int
 @viewer_required
 def run_budget(request, run_id):
     """The run page's budget form: exactly the limits filled in (an empty field: no limit)."""
-    run = _run_or_404(run_id)
+    run = run_or_404(run_id)
     typed = {name: request.POST.get(name, "") for name in (*BUDGET_NAMES, "reason")}
     if bad := nul_field(typed):
         return _budget_again(request, run, typed, nul_message(bad), bad, NUL_STATUS)
@@ -68,14 +67,14 @@ def run_budget(request, run_id):
             return _budget_again(request, run, typed, error, name, 400)
     try:
         limits = parse_model(BudgetLimits, values, "budget")
-        do_set_budget(_actor(request), run, limits, replace=True, reason=typed["reason"].strip())
+        do_set_budget(actor_of(request), run, limits, replace=True, reason=typed["reason"].strip())
     except PermissionRefused as exc:
-        return _refused(request, exc)
+        return refused(request, exc)
     except RpcError as exc:
         form, status = refusal(exc, (*BUDGET_NAMES, "reason"))
         return _budget_again(request, run, typed, form["error"], form["field"], status)
     shown = ", ".join(f"{k} {v}" for k, v in values.items()) or "no limits"
-    return _done(request, run, f"Budget of {run.run_id} set: {shown}")
+    return redirect_done(request, run, f"Budget of {run.run_id} set: {shown}")
 
 
 @require_POST
@@ -84,7 +83,7 @@ def run_relaunch(request, run_id):
     """The run page's relaunch form: a new top-level run from this one, message editable.
     The form always sends the message (the original's is filled in): an empty one is a
     mistake to show, not a silent rerun of the original."""
-    run = _run_or_404(run_id)
+    run = run_or_404(run_id)
     message = request.POST.get("message", "")
     error, status = "", 400
     if "\x00" in message:
@@ -94,9 +93,9 @@ def run_relaunch(request, run_id):
     if error:
         return _again(request, run, status, relaunch_message=message, relaunch_error=error)
     try:
-        result = do_relaunch_run(_actor(request), run, message=message)
+        result = do_relaunch_run(actor_of(request), run, message=message)
     except PermissionRefused as exc:
-        return _refused(request, exc)
+        return refused(request, exc)
     except RpcError as exc:
         form, status = refusal(exc, ("message",))
         return _again(request, run, status, relaunch_message=message, relaunch_error=form["error"])
@@ -109,7 +108,7 @@ def run_relaunch(request, run_id):
 def run_compare(request, run_id):
     """Two runs side by side: ``/runs/<a>/compare/?with=<b>`` (the run page's "compare with").
     An unknown run shows the run page again with the error beside the box."""
-    run = _run_or_404(run_id)
+    run = run_or_404(run_id)
     typed = request.GET.get("with", "")
     other = typed.strip()
     found = selectors.run_for_detail(other) if other and "\x00" not in other else None
@@ -121,7 +120,7 @@ def run_compare(request, run_id):
     return render(
         request,
         "compare.html",
-        _context(
+        page_context(
             request,
             cmp=cmp,
             sides=[{"key": "a", "run": cmp["a"]}, {"key": "b", "run": cmp["b"]}],

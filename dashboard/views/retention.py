@@ -1,5 +1,5 @@
 """The retention pages (issue 28): what the next pass deletes and the last passes (admins),
-and the keep flag's form. (A purged run's page is ``views._purged``.)"""
+and the keep flag's form. (A purged run's page is ``base.purged_page``.)"""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from django.contrib import messages
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from dashboard.views import _context, _refuse, viewer_required
+from dashboard.views.base import page_context, refuse, viewer_required
 from delegation import roles
 from delegation.errors import PermissionRefused
 from delegation.models import AuditEntry
@@ -21,8 +21,8 @@ from delegation.services.retention import do_set_keep
 @viewer_required
 def retention(request):
     if not roles.can_admin(request.user):
-        return _refuse(request, "The retention page is for admins.")
-    context = _context(
+        return refuse(request, "The retention page is for admins.")
+    context = page_context(
         request,
         preview=due.preview(),
         passes=due.last_passes(),
@@ -43,6 +43,6 @@ def keep(request):
             actor=Actor.for_user(request.user, AuditEntry.Via.DASHBOARD), run_id=run_id, keep=wanted
         )
     except PermissionRefused as exc:
-        return _refuse(request, f"Refused: {exc}")
+        return refuse(request, f"Refused: {exc}")
     messages.success(request, f"Tree {run_id} is {'kept' if wanted else 'no longer kept'}.")
     return redirect("retention")

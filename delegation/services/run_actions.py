@@ -1,5 +1,8 @@
-"""Operator actions, one code path for runners, the dashboard, the admin and REST: cancel,
-steer and release, each permission-checked and audited.
+"""Actions on a run or a lease, one code path for runners, MCP, the dashboard, the admin and
+REST, each permission-checked and audited: cancel (``do_cancel_run``), steer (``do_steer_run``:
+where ``child.steer``, ``steer_child`` and ``POST /api/runs/{runId}/steer`` all land) and
+lease release (``do_release_lease``, ``release_lease``). Named for what it acts on (it was
+``operator.py``, issue 34); pause and resume are ``pause``, budgets ``budgets``.
 
 ``Actor``, ``audit`` and ``require_operator`` live in ``identity`` and ``audit`` (the layers
 below); they are importable from here too, where the doors have always found them.
@@ -32,7 +35,7 @@ from delegation.models import (
 )
 from delegation.protocol import MAX_STEER_BYTES
 from delegation.selectors import live_descendants
-from delegation.services.approvals import deny_pending
+from delegation.services.approval_endings import deny_pending
 from delegation.services.audit import audit, require_operator
 from delegation.services.base import lock_run, store_server_event
 from delegation.services.identity import Actor

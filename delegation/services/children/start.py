@@ -1,10 +1,5 @@
-"""Children (SPEC §6): the caller's authority, start (caps, narrowing, resume), and the read,
-cancel, steer and lease release of children a caller owns.
-
-Typed on purpose: the runner socket (``delegation.runner_socket.methods``) and the MCP server
-(``delegation.mcp``) call these with a ``Caller`` and validated ``Params``; nothing here knows
-about JSON-RPC framing or MCP.
-"""
+"""``child.start`` (SPEC §6): caps, option narrowing, resume, replay, depth, admission and
+budget checks, then the child run."""
 
 from __future__ import annotations
 
@@ -22,10 +17,8 @@ from delegation.errors import (
     BUDGET_EXHAUSTED,
     DEPTH_LIMIT,
     INVALID_PARAMS,
-    LEASE_GONE,
     NO_SUCH_RUN,
     NOT_OWNED,
-    PARENT_NOT_RUNNING,
     PRESET_STALE,
     REQUEST_ID_REUSED,
     RpcError,
@@ -34,149 +27,20 @@ from delegation.models import (
     Command,
     ExtensionPreset,
     Lease,
-    LeaseState,
     Run,
     Runner,
-    RunStatus,
     RunVia,
     Session,
 )
-from delegation.selectors import RESULT_RELATED, events_after, snapshot
+from delegation.selectors import RESULT_RELATED, snapshot
 from delegation.services import approvals, budgets, lifecycle, rollups
 from delegation.services.base import lock_run, store_server_event
-from delegation.services.identity import Actor, Caller, Connection, as_caller
+from delegation.services.children.authority import (
+    child_authority,
+)
+from delegation.services.identity import Caller, Connection, as_caller
 from delegation.services.locks import retry_conflicts
-from delegation.services.operator import do_cancel_run, do_release_lease, do_steer_run
-from delegation.services.runners import current_runner
 from delegation.wire import REASONING_EFFORTS, Params, Request, canonical, parse_model
-
-# Re-exported: the doors have always found these here.
-__all__ = ["IDENTITY_KEYS", "Caller"]
-IDENTITY_KEYS = lifecycle.IDENTITY_KEYS
-
-
-@dataclass
-class Authority:
-    runner: Runner
-    parent: Run | None
-    lease: Lease | None
-
-
-def lease_of(runner: Runner, lease_id: str | None, lock: bool = False) -> Lease | None:
-    if lease_id is None:
-        return None
-    leases = Lease.objects.select_for_update(of=("self",)) if lock else Lease.objects
-    return leases.select_related("parent_run").filter(runner=runner, lease_id=lease_id).first()
-
-
-def _check_lease_usable(lease: Lease, now) -> None:
-    if lease.state != LeaseState.ACTIVE:
-        raise RpcError(LEASE_GONE, f"leaseId: lease {lease.lease_id!r} was {lease.state}")
-    if lease.expires_at <= now:
-        raise RpcError(LEASE_GONE, f"leaseId: lease {lease.lease_id!r} expired")
-
-
-def _child_authority(conn: Connection, params: Params, *, starting: bool) -> Authority:
-    """The calling run (running, of this runner) or the live lease it names (SPEC §6)."""
-    runner = current_runner(conn)
-    now = timezone.now()
-    lease = lease_of(runner, params.lease_id, lock=True)
-    wrong_extension = NOT_OWNED
-    if lease is not None:
-        if lease.extension_id != params.extension_id:
-            raise RpcError(NOT_OWNED, "leaseId: not held by this extension")
-        if lease.generation != params.generation:
-            raise RpcError(
-                PRESET_STALE if starting else wrong_extension,
-                f"generation: lease {lease.lease_id!r} is held by generation {lease.generation}",
-            )
-        _check_lease_usable(lease, now)
-    parent = None
-    if params.run_id is not None:
-        parent = (
-            Run.objects.select_related(*RESULT_RELATED)
-            .filter(run_id=params.run_id, runner=runner)
-            .first()
-        )
-        if parent is None:
-            raise RpcError(NO_SUCH_RUN, f"runId: no run {params.run_id!r} of this runner")
-        if parent.status != RunStatus.RUNNING and lease is None:
-            raise RpcError(
-                PARENT_NOT_RUNNING,
-                f"runId: run {params.run_id!r} is {parent.status}; a finished run needs a live "
-                "lease to manage its children",
-            )
-    elif lease is not None:
-        parent = lease.parent_run
-    elif params.lease_id is not None and not starting:
-        raise RpcError(NOT_OWNED, "leaseId: no such lease held by this extension")
-    else:
-        raise RpcError(INVALID_PARAMS, "runId: required field missing")
-    if params.lease_id is not None and lease is None and parent is not None and not starting:
-        raise RpcError(NOT_OWNED, "leaseId: no such lease held by this extension")
-    return Authority(runner=runner, parent=parent, lease=lease)
-
-
-def _owned_child(
-    caller: Caller, params: Params, checked: Authority | None = None
-) -> tuple[Authority, Run]:
-    """The child run a read, cancel or steer is about; −32003 for anything not owned.
-
-    ``checked``: the caller's authority, already checked in this transaction for the same
-    run, lease and extension (a join reads many children under one check)."""
-    params.require("extension_id", "generation", "child_id")
-    auth = checked or _caller_authority(caller, params)
-    not_owned = RpcError(NOT_OWNED, f"childId: {params.child_id!r} is not a child of the caller")
-    session = Session.objects.filter(
-        conversation_id=params.child_id, runner=auth.runner, parent__isnull=False
-    ).first()
-    if session is None:
-        raise not_owned
-    runs = list(session.runs.select_related(*RESULT_RELATED).order_by("created_at", "id"))
-    owned = [
-        r
-        for r in runs
-        if r.extension_id == params.extension_id
-        and (
-            (auth.lease is not None and r.lease_id == auth.lease.pk)
-            # A lease alone owns only the children started under it, not its run's others.
-            or (params.run_id is not None and r.parent_id == auth.parent.pk)
-        )
-    ]
-    if not owned:
-        raise not_owned
-    # Only the caller's own runs of the child: another parent on the same conversation may
-    # have resumed it, and that run is the other parent's alone (issue 21).
-    if params.child_run_id is not None:
-        chosen = next((r for r in owned if r.run_id == params.child_run_id), None)
-        if chosen is None:
-            raise RpcError(
-                NOT_OWNED, f"childRunId: {params.child_run_id!r} is not a run of that child"
-            )
-        return auth, chosen
-    if len(runs) > 1 and caller.via == RunVia.MCP.value:
-        # An agent names a child by childId only (SPEC §9): its latest run of that child.
-        return auth, owned[-1]
-    if len(runs) > 1:
-        raise RpcError(
-            INVALID_PARAMS,
-            f"childRunId: required because child {params.child_id!r} has {len(runs)} runs",
-        )
-    return auth, owned[0]
-
-
-def _caller_authority(caller: Caller, params: Params) -> Authority:
-    auth = _child_authority(caller.conn, params, starting=False)
-    extension = ExtensionPreset.objects.filter(
-        runner=auth.runner, extension_id=params.extension_id
-    ).values_list("generation", flat=True)
-    if params.generation not in set(extension):
-        raise RpcError(NOT_OWNED, "extensionId/generation: not a registered extension generation")
-    return auth
-
-
-# --- child.start --------------------------------------------------------------------------
-
 
 _LIMITS = ("maxTokens", "weakModelMaxTokens", "thinkingBudgetTokens", "maxTurns")
 _STICKY_TRUE = ("noTools", "noExtensions", "noSkills", "useWeakModel")
@@ -298,7 +162,7 @@ def _child_start_locked(caller: Caller, params: Params):
 
 def check_start_request(caller: Caller, params: Params) -> _Start:
     """Authority (locking the runner, then the parent run), the request and its preset."""
-    auth = _child_authority(caller.conn, params, starting=True)
+    auth = child_authority(caller.conn, params, starting=True)
     if auth.parent is None:
         raise RpcError(NO_SUCH_RUN, "runId: the lease has no parent run")
     # Serialise child.start under one parent: idempotency, caps and sequences need it.
@@ -504,89 +368,3 @@ def do_start_child(start: _Start) -> dict:
         method=Command.Method.CHILD_EXECUTE,
         lease_id=lease.lease_id if lease is not None else None,
     )
-
-
-# --- child.read / cancel / steer / lease.release ------------------------------------------
-
-
-@retry_conflicts
-def read_child(caller: Caller | Connection, params: Params) -> dict:
-    with transaction.atomic():
-        _auth, child = _owned_child(as_caller(caller), params)
-        events = events_after(child, params.after or 0, settings.CHILD_READ_PAGE)
-        return snapshot(child, events)
-
-
-@retry_conflicts
-def read_children(caller: Caller | Connection, many: list[Params]) -> tuple[list[dict], list[int]]:
-    """Each child's ``Result`` without events (``await_children``), by ``read_child``'s
-    ownership rule; with the children's run pks, whose doorbells the join waits on.
-
-    A child the caller does not own refuses the whole call (−32003) naming its place in the
-    list, and answers nothing about the others."""
-    caller = as_caller(caller)
-    with transaction.atomic():
-        results, run_pks = [], []
-        # Every params names the same run, lease and extension: their authority is checked
-        # once, and a refusal of it is the caller's, not a child's.
-        many[0].require("extension_id", "generation")
-        auth = _caller_authority(caller, many[0])
-        for index, params in enumerate(many):
-            try:
-                _auth, child = _owned_child(caller, params, auth)
-            except RpcError as error:
-                if error.code != NOT_OWNED:
-                    raise
-                raise RpcError(NOT_OWNED, f"childIds[{index}]: {error.message}") from None
-            results.append(snapshot(child))
-            run_pks.append(child.pk)
-        return results, run_pks
-
-
-@retry_conflicts
-def cancel_child(caller: Caller | Connection, params: Params) -> dict:
-    caller = as_caller(caller)
-    with transaction.atomic():
-        auth, child = _owned_child(caller, params)
-        reason = "child.cancel" if caller.via == RunVia.RUNNER.value else "cancel_child (mcp)"
-        do_cancel_run(caller.actor(auth.runner), child, reason=reason)
-        return snapshot(lock_run(child.pk))
-
-
-@retry_conflicts
-def steer_child(caller: Caller | Connection, params: Params) -> dict:
-    caller = as_caller(caller)
-    with transaction.atomic():
-        auth, child = _owned_child(caller, params)
-        return do_steer_run(
-            caller.actor(auth.runner),
-            child,
-            request_id=params.request_id,
-            message=params.message,
-        )
-
-
-@retry_conflicts
-def release_child_lease(conn: Connection, params: Params) -> tuple[int, list[str]]:
-    """Revoke the lease and cancel its children; the caller waits for them to finish."""
-    with transaction.atomic():
-        runner = current_runner(conn)
-        lease = lease_of(runner, params.lease_id, lock=True)
-        if lease is None:
-            # A tombstone, so a late child.start cannot recreate what was released.
-            lease = Lease.objects.create(
-                runner=runner,
-                lease_id=params.lease_id,
-                extension_id=params.extension_id,
-                generation=params.generation,
-                state=LeaseState.TOMBSTONE,
-                expires_at=timezone.now(),
-                ended_at=timezone.now(),
-            )
-            return lease.pk, []
-        if lease.extension_id != params.extension_id or lease.generation != params.generation:
-            raise RpcError(
-                NOT_OWNED, "leaseId: held by another extension or generation of this runner"
-            )
-        report = do_release_lease(Actor.for_runner(runner), lease)
-        return lease.pk, report["pending"]

@@ -1,5 +1,5 @@
 """The admins' alerts page (issue 25): webhooks, a form to add one, *send test*, and the
-recent deliveries with every attempt. Everything goes through ``delegation.services.alerts``
+recent deliveries with every attempt. Everything goes through ``delegation.services.webhooks``
 (which checks the admin role and audits); reads through ``delegation.selectors``."""
 
 from __future__ import annotations
@@ -8,17 +8,18 @@ from django.contrib import messages
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from dashboard.form_errors import NUL_STATUS, nul_field, nul_message, refusal
-from dashboard.views import _actor, _context, _refuse, _refused, viewer_required
+from dashboard.views.base import actor_of, page_context, refuse, refused, viewer_required
+from dashboard.views.form_errors import NUL_STATUS, nul_field, nul_message, refusal
 from delegation import roles, selectors
 from delegation.errors import PermissionRefused, RpcError
-from delegation.models import ALERT_KINDS, Webhook
-from delegation.services import alerts
+from delegation.models import ALERT_KINDS
+from delegation.selectors import alerts as reads
+from delegation.services import webhooks
 
 
 def _admin_only(request):
     if not roles.can_admin(request.user):
-        return _refuse(
+        return refuse(
             request,
             f"{request.user.get_username()} is not an admin; alerts and webhooks need admin.",
         )
@@ -26,7 +27,7 @@ def _admin_only(request):
 
 
 def _page(request, status: int = 200, **form):
-    context = _context(request, kinds=ALERT_KINDS, **selectors.alerts_overview())
+    context = page_context(request, kinds=ALERT_KINDS, **selectors.alerts_overview())
     # What the add form shows: all kinds ticked at first, then what was typed (issue 38).
     context["form"] = form.get("form") or {"name": "", "url": "", "kinds": list(ALERT_KINDS)}
     context["form_error"] = form.get("error", "")
@@ -55,11 +56,11 @@ def webhook_create(request):
     if roles.can_admin(request.user) and (bad := nul_field({k: typed[k] for k in ("name", "url")})):
         return _page(request, NUL_STATUS, form=typed, error=nul_message(bad), field=bad)
     try:
-        created = alerts.do_create_webhook(
-            _actor(request), url=typed["url"], kinds=typed["kinds"], name=typed["name"].strip()
+        created = webhooks.do_create_webhook(
+            actor_of(request), url=typed["url"], kinds=typed["kinds"], name=typed["name"].strip()
         )
     except PermissionRefused as exc:
-        return _refused(request, exc)
+        return refused(request, exc)
     except RpcError as exc:
         # The form again, with what was typed and the error beside its field.
         form, status = refusal(exc, ("name", "url", "kinds"))
@@ -75,13 +76,13 @@ def webhook_create(request):
 @require_POST
 @viewer_required
 def webhook_test(request, pk: int):
-    hook = Webhook.objects.filter(pk=pk).first()
+    hook = reads.get_webhook(pk)
     if hook is None:
-        return _refuse(request, f"No webhook {pk}.", status=404)
+        return refuse(request, f"No webhook {pk}.", status=404)
     try:
-        delivery = alerts.do_send_test(_actor(request), hook)
+        delivery = webhooks.do_send_test(actor_of(request), hook)
     except (PermissionRefused, RpcError) as exc:
-        return _refused(request, exc)
+        return refused(request, exc)
     messages.success(
         request, f"Test delivery {delivery.delivery_id} stored; it is sent within a sweep."
     )
@@ -89,8 +90,8 @@ def webhook_test(request, pk: int):
 
 
 def _hook_or_refuse(request, pk: int):
-    hook = Webhook.objects.filter(pk=pk).first()
-    return hook, (None if hook is not None else _refuse(request, f"No webhook {pk}.", status=404))
+    hook = reads.get_webhook(pk)
+    return hook, (None if hook is not None else refuse(request, f"No webhook {pk}.", status=404))
 
 
 @require_POST
@@ -102,11 +103,11 @@ def webhook_active(request, pk: int):
         return missing
     active = request.POST.get("active") == "1"
     try:
-        alerts.do_update_webhook(
-            _actor(request), hook, url=hook.url, kinds=hook.kinds, active=active, name=hook.name
+        webhooks.do_update_webhook(
+            actor_of(request), hook, url=hook.url, kinds=hook.kinds, active=active, name=hook.name
         )
     except (PermissionRefused, RpcError) as exc:
-        return _refused(request, exc)
+        return refused(request, exc)
     messages.success(request, f"Webhook {hook.pk} turned {'on' if active else 'off'}.")
     return redirect("alerts")
 
@@ -119,8 +120,8 @@ def webhook_delete(request, pk: int):
     if missing:
         return missing
     try:
-        alerts.do_delete_webhook(_actor(request), hook)
+        webhooks.do_delete_webhook(actor_of(request), hook)
     except (PermissionRefused, RpcError) as exc:
-        return _refused(request, exc)
+        return refused(request, exc)
     messages.success(request, f"Webhook {pk} deleted.")
     return redirect("alerts")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from dashboard.views import _context, viewer_required
+from dashboard.views.base import page_context, viewer_required
 from delegation.selectors import approvals as reads
 
 
@@ -18,4 +18,4 @@ from delegation.selectors import approvals as reads
 @viewer_required
 def inbox(request):
     pending = [reads.approval_wire(a) for a in reads.pending_approvals()]
-    return render(request, "approvals.html", _context(request, pending=pending))
+    return render(request, "approvals.html", page_context(request, pending=pending))
