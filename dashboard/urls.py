@@ -3,7 +3,15 @@
 from django.conf import settings
 from django.urls import path
 
-from dashboard import alerts_views, inbox, leases_views, retention, run_forms, views
+from dashboard import (
+    alerts_views,
+    fork_pause_views,
+    inbox,
+    leases_views,
+    retention,
+    run_forms,
+    views,
+)
 
 urlpatterns = [
     path("api/", ("dashboard.api.urls", "api", "api")),
@@ -18,6 +26,10 @@ urlpatterns = [
     path("runs/<str:run_id>/budget/", run_forms.run_budget, name="run-budget"),
     path("runs/<str:run_id>/relaunch/", run_forms.run_relaunch, name="run-relaunch"),
     path("runs/<str:run_id>/compare/", run_forms.run_compare, name="run-compare"),
+    # SPEC §14: fork from here, pause and resume (issue 37).
+    path("runs/<str:run_id>/fork/", fork_pause_views.run_fork, name="run-fork"),
+    path("runs/<str:run_id>/pause/", fork_pause_views.run_pause, name="run-pause"),
+    path("runs/<str:run_id>/resume/", fork_pause_views.run_resume, name="run-resume"),
     path("leases/", leases_views.leases, name="leases"),
     path("leases/<int:pk>/release/", views.lease_release, name="lease-release"),
     path("runners/", views.runners, name="runners"),
