@@ -1,7 +1,9 @@
 """Fork from here (SPEC §14): ``POST /api/runs/{runId}/fork`` on the runs resource's router,
 through the one fork service the run page and ``manage.py launch --fork-from`` use."""
 
-from pydantic import Field, field_validator
+from typing import Annotated
+
+from pydantic import BeforeValidator, Field, field_validator
 
 from dashboard.api.core import ACT, NoParams, actor_for, strict_query
 from dashboard.api.rows import find_run
@@ -10,6 +12,7 @@ from dashboard.api.rows import find_run
 from dashboard.api.runs import router
 from dashboard.api.schemas.common import NOT_BLANK_NO_NUL, not_blank_no_nul
 from dashboard.api.schemas.runs import RunResult
+from dashboard.api.schemas.usage import _integral
 from delegation.services.forks import do_fork_run
 from delegation.wire import MAX_MESSAGE_BYTES, Strict
 
@@ -23,9 +26,8 @@ class ForkBody(Strict):
         description="The new instruction, non-blank, at most 512 KiB of UTF-8.",
         json_schema_extra={"pattern": NOT_BLANK_NO_NUL},
     )
-    sequence: int = Field(
+    sequence: Annotated[int, Field(ge=1, le=2**62), BeforeValidator(_integral)] = Field(
         default=None,
-        ge=1,
         description="The step (event sequence) to fork at: the conversation up to and "
         "including the agent message that event came from. Omit it to fork from the end.",
     )
@@ -42,9 +44,9 @@ class ForkBody(Strict):
     "the run's agent session (Claude Code: `--resume <session> --fork-session "
     "--resume-session-at <entry>`) up to the step's agent message and then takes `message`. "
     "The new run's detail has `forkedFrom {runId, sequence}`, the original's `forks` lists it. "
-    "A run still live is 422; a preset that cannot fork is 409 (rpcCode −32012, `preset P "
-    "cannot fork`); a run whose agent reported no session, or a step outside its events or "
-    "before anything its agent said, is 422. Audited as a launch with `forkedFrom`.",
+    "A preset that cannot fork is 409 (rpcCode −32012, `preset P cannot fork`); a run still "
+    "live, whose agent reported no session, or a step outside its events or before anything "
+    "its agent said is 409 (rpcCode −32011). Audited as a launch with `forkedFrom`.",
 )
 @strict_query(NoParams)
 def fork_run(request, runId: str, body: ForkBody):  # noqa: N803

@@ -5,7 +5,8 @@ One path for REST, the run page and ``manage.py launch --fork-from``: it checks 
 the run's agent can fork and has a session, and that the step is one of the run's events; the
 new run is launched like a relaunch (same runner, preset, working directory and budget) with
 ``forkedFrom`` stored on it and ``forkFrom {runId, sessionId, sequence, runnerIndex}`` in its
-``run.execute``. The runner maps the step's runner index to the agent's transcript entry; a step
+``run.execute``. Refusals that depend on the run's state (still live, no agent session, a step
+it does not have) are −32011 (409): the same body may be fine another time. The runner maps the step's runner index to the agent's transcript entry; a step
 before any runner event, or ``sequence`` omitted, forks from the end. Audited as a launch with
 ``forkedFrom`` in its detail (refusals included).
 """
@@ -16,7 +17,7 @@ from dataclasses import replace
 
 from django.db import transaction
 
-from delegation.errors import INVALID_PARAMS, PRESET_STALE, RpcError
+from delegation.errors import ADMISSION_REFUSED, INVALID_PARAMS, PRESET_STALE, RpcError
 from delegation.models import Event, ExtensionPreset, Run
 from delegation.services.audit import audit, require_operator
 from delegation.services.identity import Actor
@@ -28,7 +29,7 @@ def check_fork(original: Run, sequence: int | None) -> dict:
     naming what stands in the way."""
     if not original.is_terminal:
         raise RpcError(
-            INVALID_PARAMS,
+            ADMISSION_REFUSED,
             f"runId: run {original.run_id} is {original.status}; fork a finished run "
             "(pause it, or cancel it, first)",
         )
@@ -39,7 +40,7 @@ def check_fork(original: Run, sequence: int | None) -> dict:
         raise RpcError(PRESET_STALE, f"preset {original.profile} cannot fork")
     if not original.agent_session_id:
         raise RpcError(
-            INVALID_PARAMS,
+            ADMISSION_REFUSED,
             f"runId: run {original.run_id} recorded no agent session (its agent never "
             "reported one), so there is nothing to fork",
         )
@@ -47,7 +48,7 @@ def check_fork(original: Run, sequence: int | None) -> dict:
     if sequence is not None:
         if not 1 <= sequence <= original.last_sequence:
             raise RpcError(
-                INVALID_PARAMS,
+                ADMISSION_REFUSED,
                 f"sequence: run {original.run_id} has events 1 to {original.last_sequence}, "
                 f"not {sequence}",
             )
@@ -60,7 +61,7 @@ def check_fork(original: Run, sequence: int | None) -> dict:
         )
         if runner_index is None:
             raise RpcError(
-                INVALID_PARAMS,
+                ADMISSION_REFUSED,
                 f"sequence: step {sequence} of run {original.run_id} comes before anything "
                 "its agent said; fork from a later step",
             )

@@ -120,11 +120,11 @@ async def test_it_refuses_what_cannot_be_forked_and_audits_it(server, operator, 
         assert cannot.status_code == 409 and cannot.json()["error"]["rpcCode"] == -32012
         assert "preset worker cannot fork" in cannot.text
         live = await fork(server, bearer, "live-1", {"message": "m"})
-        assert live.status_code == 422 and "fork a finished run" in live.text
+        assert live.status_code == 409 and "fork a finished run" in live.text
         quiet = await fork(server, bearer, "quiet-1", {"message": "m"})
-        assert quiet.status_code == 422 and "no agent session" in quiet.text
+        assert quiet.status_code == 409 and "no agent session" in quiet.text
         beyond = await fork(server, bearer, "orig-1", {"sequence": 99, "message": "m"})
-        assert beyond.status_code == 422 and "not 99" in beyond.text
+        assert beyond.status_code == 409 and "not 99" in beyond.text
         blank = await fork(server, bearer, "orig-1", {"message": "  "})
         assert blank.status_code == 422
         viewer_bearer = await sync_to_async(api_token)(viewer)
