@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event as SpanEvent
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
@@ -111,6 +112,7 @@ class RunRow:
     cache_read: int | None
     cache_write: int | None
     cost_nanos: int | None
+    paused_seconds: float | None = None  # SPEC §14: time paused (ended pauses)
 
     @property
     def is_terminal(self) -> bool:
@@ -141,6 +143,7 @@ _ROW_FIELDS = {
     "cache_read": "rollup__own_cache_read",
     "cache_write": "rollup__own_cache_write",
     "cost_nanos": "rollup__own_cost_nanos",
+    "paused_seconds": "paused_seconds",
 }
 
 
@@ -160,12 +163,21 @@ def build_spans(runs: list[RunRow], *, now=None, capture: bool | None = None) ->
         settings.OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT if capture is None else capture
     )
     calls, models = _stream_of(runs)
+    pauses = _pauses_of(runs)
     started_by_call = _parent_calls(runs)
     res = resource()
     spans: list[ReadableSpan] = []
     for run in runs:
         spans.append(
-            _run_span(run, models.get(run.pk), started_by_call, res=res, now=now, capture=capture)
+            _run_span(
+                run,
+                models.get(run.pk),
+                started_by_call,
+                res=res,
+                now=now,
+                capture=capture,
+                pauses=pauses.get(run.pk, ()),
+            )
         )
         for call in calls.get(run.pk, ()):
             spans.append(_tool_span(run, call, res=res, now=now, capture=capture))
@@ -232,7 +244,21 @@ def _root_run_id(run: RunRow) -> str:
     return run.root_run_id or run.run_id
 
 
-def _run_span(run: RunRow, model, started_by_call, *, res, now, capture) -> ReadableSpan:
+def _pauses_of(runs) -> dict[int, list[SpanEvent]]:
+    """SPEC §14: each run's pauses and resumes, as span events at the moment they happened."""
+    out: dict[int, list[SpanEvent]] = defaultdict(list)
+    rows = (
+        Event.objects.filter(run_id__in=[run.pk for run in runs], kind__in=("paused", "resumed"))
+        .order_by("run_id", "sequence")
+        .values_list("run_id", "kind", "actor", "text", "created_at")
+    )
+    for run_pk, kind, actor, text, at in rows:
+        attributes = {"canopy.actor": actor or "", "canopy.text": (text or "")[:500]}
+        out[run_pk].append(SpanEvent(f"canopy.{kind}", attributes, _ns(at)))
+    return out
+
+
+def _run_span(run: RunRow, model, started_by_call, *, res, now, capture, pauses=()) -> ReadableSpan:
     tid = trace_id(_root_run_id(run))
     parent = None
     if run.parent_id:
@@ -257,6 +283,9 @@ def _run_span(run: RunRow, model, started_by_call, *, res, now, capture) -> Read
         attributes[gen_ai.GEN_AI_REQUEST_MODEL] = model
         attributes[gen_ai.GEN_AI_RESPONSE_MODEL] = model
     attributes.update(_usage_attributes(run))
+    if run.paused_seconds:
+        # Time stopped by a pause (SPEC §14); the span's duration includes it.
+        attributes["canopy.paused_seconds"] = float(run.paused_seconds)
     if capture:
         attributes.update(_content_attributes(run))
     if run.status in ERROR_STATUSES:
@@ -276,6 +305,7 @@ def _run_span(run: RunRow, model, started_by_call, *, res, now, capture) -> Read
         run.created_at,
         run.finished_at or now,
         res,
+        events=pauses,
     )
 
 
@@ -357,7 +387,7 @@ def _tool_span(run: RunRow, call: _ToolCall, *, res, now, capture) -> ReadableSp
     )
 
 
-def _span(name, tid, span_id, parent_id, attributes, status, started, ended, res):
+def _span(name, tid, span_id, parent_id, attributes, status, started, ended, res, events=()):
     """One finished span (the SDK's own type, so its encoder and exporter take it as is);
     an end before the start (clock steps between rows) is clamped to the start."""
     start_ns = _ns(started)
@@ -373,5 +403,6 @@ def _span(name, tid, span_id, parent_id, attributes, status, started, ended, res
         status=status,
         start_time=start_ns,
         end_time=max(_ns(ended), start_ns),
+        events=tuple(events),
         instrumentation_scope=SCOPE,
     )
