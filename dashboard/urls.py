@@ -8,6 +8,7 @@ from dashboard.views import (
     approvals,
     audit,
     auth,
+    fork_pause,
     launch,
     leases,
     retention,
@@ -29,6 +30,10 @@ urlpatterns = [
     path("runs/<str:run_id>/budget/", run_forms.run_budget, name="run-budget"),
     path("runs/<str:run_id>/relaunch/", run_forms.run_relaunch, name="run-relaunch"),
     path("runs/<str:run_id>/compare/", run_forms.run_compare, name="run-compare"),
+    # SPEC §14: fork from here, pause and resume (issue 37).
+    path("runs/<str:run_id>/fork/", fork_pause.run_fork, name="run-fork"),
+    path("runs/<str:run_id>/pause/", fork_pause.run_pause, name="run-pause"),
+    path("runs/<str:run_id>/resume/", fork_pause.run_resume, name="run-resume"),
     path("leases/", leases.leases, name="leases"),
     path("leases/<int:pk>/release/", leases.lease_release, name="lease-release"),
     path("runners/", audit.runners, name="runners"),

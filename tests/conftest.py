@@ -6,7 +6,10 @@ Fixtures live in ``tests/support/`` and are registered for every test below
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import hypothesis
 import pytest
@@ -21,6 +24,12 @@ pytest_plugins = [
     "tests.support.api",
     "tests.support.sso",
 ]
+
+# Runners keep agents' transcripts under XDG_STATE_HOME (SPEC §14, fork from here): the
+# suite's go to a directory of its own, not into the home of whoever runs it.
+_STATE = tempfile.mkdtemp(prefix="canopy-test-state-")
+os.environ["XDG_STATE_HOME"] = _STATE
+atexit.register(shutil.rmtree, _STATE, ignore_errors=True)
 
 # `.ci/run` sets this: a skipped test is a test that did not run, so in CI it fails, except a
 # test marked ``postgres`` on a pass without the backends it names (the SQLite pass).

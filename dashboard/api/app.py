@@ -7,6 +7,7 @@ from dashboard.api import (  # noqa: F401
     audit,
     children,  # issue 24: adds /runs/{runId}/children
     compare,  # issue 25: two runs side by side
+    forks,  # SPEC §14: POST /runs/{runId}/fork
     leases,
     overview,  # issue 25: the overview's headline numbers
     prices,  # issue 23: the price table

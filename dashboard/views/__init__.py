@@ -13,6 +13,6 @@ the run or lease exists.
 
 One module per page or job: ``base`` (role gate, page context, refusals), ``auth``,
 ``trees`` (overview and a tree), ``runs`` (a run's page, cancel) and ``run_forms`` (its
-budget, relaunch and compare forms), ``launch``, ``leases``, ``audit`` (runners and the audit
+budget, relaunch and compare forms), ``fork_pause`` (fork from here, pause, resume), ``launch``, ``leases``, ``audit`` (runners and the audit
 log), ``alerts`` (webhooks), ``approvals`` (the inbox), ``retention``.
 """

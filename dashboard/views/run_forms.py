@@ -44,6 +44,7 @@ def _budget_again(request, run, typed: dict, error: str, field: str, status: int
         budget_reason=typed.get("reason", ""),
         budget_error=error,
         budget_error_field=field,
+        budget_on_limit=typed.get("onLimit", ""),
     )
 
 
@@ -52,7 +53,7 @@ def _budget_again(request, run, typed: dict, error: str, field: str, status: int
 def run_budget(request, run_id):
     """The run page's budget form: exactly the limits filled in (an empty field: no limit)."""
     run = run_or_404(run_id)
-    typed = {name: request.POST.get(name, "") for name in (*BUDGET_NAMES, "reason")}
+    typed = {name: request.POST.get(name, "") for name in (*BUDGET_NAMES, "reason", "onLimit")}
     if bad := nul_field(typed):
         return _budget_again(request, run, typed, nul_message(bad), bad, NUL_STATUS)
     values = {}
@@ -65,6 +66,8 @@ def run_budget(request, run_id):
         except ValueError:
             error = f"{name}: {text!r} is not a number"
             return _budget_again(request, run, typed, error, name, 400)
+    if typed["onLimit"]:
+        values["onLimit"] = typed["onLimit"]  # SPEC §14: "cancel" or "pause", checked below
     try:
         limits = parse_model(BudgetLimits, values, "budget")
         do_set_budget(actor_of(request), run, limits, replace=True, reason=typed["reason"].strip())

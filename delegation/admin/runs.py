@@ -126,6 +126,12 @@ class BudgetForm(forms.Form):
     maxTokens = forms.IntegerField(required=False, min_value=0, max_value=10**15)  # noqa: N815
     maxCostUsd = forms.FloatField(required=False, min_value=0, max_value=1e9)  # noqa: N815
     maxSeconds = forms.IntegerField(required=False, min_value=1, max_value=10**12)  # noqa: N815
+    # SPEC §14: at a limit, cancel the subtree or pause it and ask in the approvals inbox.
+    onLimit = forms.ChoiceField(  # noqa: N815
+        choices=[("cancel", "cancel the subtree"), ("pause", "pause it and ask")],
+        initial="cancel",
+        required=False,
+    )
     reason = forms.CharField(required=False, max_length=500)
 
 
@@ -139,7 +145,7 @@ def set_budgets(modeladmin, request, queryset):
             data = dict(form.cleaned_data)
             reason = data.pop("reason")
             limits = BudgetLimits.model_validate(
-                {name: value for name, value in data.items() if value is not None}
+                {name: value for name, value in data.items() if value not in (None, "")}
             )
             done, refused = [], []
             for run in queryset:
@@ -238,8 +244,9 @@ class BudgetAdmin(RoleAdmin):
         "warned_at",
         "exceeded_at",
         "exceeded_reason",
+        "on_limit",
     )
-    list_filter = ("exceeded_at",)
+    list_filter = ("exceeded_at", "on_limit")
     search_fields = ("run__run_id", "set_by", "exceeded_reason")
     list_select_related = ("run",)
     readonly_fields = [f.name for f in Budget._meta.fields]

@@ -185,6 +185,12 @@ class Run(models.Model):
     relaunched_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="relaunches"
     )
+    # SPEC §14 fork from here: the run whose agent conversation this one continues, and the
+    # step (event sequence) it was forked at (null: from its end).
+    forked_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks"
+    )
+    forked_from_sequence = models.PositiveBigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     updated_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from delegation.client import ClientError, RpcError, event
-from delegation.runner import fork
+from delegation.runner import fork, kept_sessions
 from delegation.runner import process as proc
 from delegation.runner.fork import ForkRefused
 from delegation.runner.formats import FORMATS, make_format, model_from_argv
@@ -137,6 +137,8 @@ class CommandEngine(PresetEngine):
     # SPEC §14: run.pause / run.resume stop and continue the agent's processes.
     pause = staticmethod(proc.pause_run)
     resume = staticmethod(proc.resume_run)
+    # Where finished Claude Code runs' transcripts are kept for forks from here (None: default).
+    session_store: str | None = None
 
     def can_fork(self, preset: CommandPreset) -> bool:
         return fork.can_fork(preset)
@@ -248,6 +250,7 @@ class CommandEngine(PresetEngine):
                 config.remove()
             if usage is not None:
                 usage.remove()
+            self._keep_session(ctx, preset, home)
             if home is not None:
                 home.remove()
 
@@ -265,12 +268,11 @@ class CommandEngine(PresetEngine):
         mcp_path = ctx.data.get("mcp_config_inside") or (config.path if config else "")
         argv = self.argv(ctx, preset, cwd, mcp_path)
         ctx.data["private_home"], ctx.data["cwd"] = home, cwd
-        if fork.wants_fork(ctx):
+        if fork.wants_fork(ctx) or ctx.fork_from:
             try:
-                session = await self._prepare_fork(ctx, preset, cwd, home)
-            except (ForkRefused, OSError) as exc:
+                argv = await self._prepare_fork(ctx, preset, cwd, home, argv)
+            except (ForkRefused, OSError, ValueError) as exc:
                 return Outcome(error=str(exc))
-            argv = fork.fork_argv(argv, session)
         # One queue keeps stdout and stderr events (and the egress proxy's refusals) in
         # arrival order, and one sender batches them: a chatty agent does not cost one round
         # trip per line.
@@ -298,6 +300,7 @@ class CommandEngine(PresetEngine):
         }
         # The format keeps the agent's session id (its init record): what a fork resumes.
         ctx.data["format"] = state["format"]
+        ctx.data["anchors"] = []
         state["format"].model = model_from_argv(argv)
         if preset.steer_format == "none":
             # It reads no steers; an open stdin would make some CLIs (codex exec) wait on it.
@@ -351,12 +354,20 @@ class CommandEngine(PresetEngine):
         # status make the outcome; see delegation.runner.formats.
         return state["format"].outcome(process.returncode, state["last_stderr"])
 
-    @staticmethod
-    async def _prepare_fork(ctx: RunContext, preset: CommandPreset, cwd: str, home) -> str:
-        """The parent's session id, its transcript copied into this child's private HOME
-        (SPEC §14); ForkRefused when there is nothing to fork."""
+    async def _prepare_fork(
+        self, ctx: RunContext, preset: CommandPreset, cwd: str, home, argv: list[str]
+    ) -> list[str]:
+        """The command line resuming the conversation forked: the live parent's, its
+        transcript copied into this child's private HOME, or (fork from here) a finished
+        run's kept one at a step (SPEC §14); ForkRefused when there is nothing to fork."""
         if not fork.can_fork(preset):
             raise ForkRefused(f"preset {preset.name} cannot fork")
+        if ctx.fork_from:
+            store = self.session_store or kept_sessions.default_store()
+            session, data, at = kept_sessions.resolve(store, ctx.fork_from)
+            agent_home = home.path if home is not None else _agent_home(preset)
+            kept_sessions.place(data, session, agent_home, cwd, account(preset))
+            return kept_sessions.argv(argv, session, at)
         session, parent_home, _parent_cwd = fork.parent_session(ctx)
         if home is not None and parent_home is not None:
             # Claude Code reports its session id (init) before its transcript is on disk: a
@@ -366,7 +377,19 @@ class CommandEngine(PresetEngine):
                 if asyncio.get_running_loop().time() >= deadline:
                     raise ForkRefused(f"contextMode fork: no transcript of session {session}")
                 await asyncio.sleep(0.1)
-        return session
+        return fork.fork_argv(argv, session)
+
+    def _keep_session(self, ctx: RunContext, preset: CommandPreset, home) -> None:
+        """A finished Claude Code run's transcript, kept for a fork from here."""
+        session = getattr(ctx.data.get("format"), "session_id", "")
+        if not session or not fork.can_fork(preset):
+            return
+        agent_home = home.path if home is not None else _agent_home(preset)
+        store = self.session_store or kept_sessions.default_store()
+        try:
+            kept_sessions.keep(store, session, agent_home, ctx.data.get("anchors") or [])
+        except OSError as exc:
+            log.warning("run %s: could not keep its transcript: %s", ctx.run_id, exc)
 
     async def _pump(self, reader, queue: asyncio.Queue, which: str, state: dict) -> None:
         while True:
@@ -392,8 +415,10 @@ class CommandEngine(PresetEngine):
                         state["last_stderr"] = line
                         queue.put_nowait(stderr_ev)
                 continue
-            for ev in state["format"].feed(line):
-                queue.put_nowait(ev)
+            events = state["format"].feed(line)
+            anchor = getattr(state["format"], "anchor", "")  # kept_sessions: where it came from
+            for ev in events:
+                queue.put_nowait({**ev, kept_sessions.ANCHOR: anchor} if anchor else ev)
             if "prompts" in state and not state["closed"]:
                 self._maybe_end_conversation(state)
 
@@ -482,6 +507,11 @@ class UsageFile:
             os.unlink(self.host)
         if self.directory:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _agent_home(preset: CommandPreset) -> str:
+    """An unsandboxed agent's HOME on this machine."""
+    return preset.env.get("HOME") or proc.home_of(preset) or os.path.expanduser("~")
 
 
 def _home_inside(preset: CommandPreset) -> str:

@@ -85,6 +85,7 @@ class RunContext:
     identity: Any = None
     lease_id: str | None = None
     cwd: str | None = None
+    fork_from: Mapping[str, Any] | None = None  # SPEC §14 fork from here (run.execute)
     steers: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel_event: asyncio.Event = field(default_factory=asyncio.Event)
     # Set while the run is not paused (SPEC §14); emit waits on it.
@@ -397,6 +398,7 @@ class RunnerHost:
             identity=command.identity,
             lease_id=command.lease_id,
             cwd=command.request.get("cwd"),
+            fork_from=command.raw.get("forkFrom"),
         )
         self._launch(ctx)
         return {}

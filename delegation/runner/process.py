@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 
 from delegation import depth as depthlib
 from delegation.client import event
-from delegation.runner import sandbox
+from delegation.runner import kept_sessions, sandbox
 from delegation.runner.egress import EgressProxy
 from delegation.runner.mcpconfig import redact_value
 from delegation.runner.presets import AgentPreset
@@ -265,6 +265,8 @@ async def send_batches(ctx, queue: asyncio.Queue) -> None:
         while not queue.empty():
             batch.append(queue.get_nowait())
         done = None in batch
+        await ctx.wait_running()  # so the batch takes the stream's next indexes (anchors)
+        batch = kept_sessions.note_anchors(ctx, [ev for ev in batch if ev is not None])
         # Every live run token out, whichever child it belongs to (an agent may have found one).
         batch = [redact_value(ev) for ev in batch if ev is not None]
         if batch:

@@ -45,6 +45,7 @@ _BUDGET = (
     "warned_at",
     "exceeded_at",
     "exceeded_reason",
+    "on_limit",
 )
 _PREFIX = "_u_"
 _BPREFIX = "_b_"
@@ -151,6 +152,7 @@ def budget_shape(budget: dict | None, usage: dict, created_at, now=None) -> dict
         "warnedAt": budget.get("warned_at"),
         "exceededAt": budget.get("exceeded_at"),
         "exceededReason": budget.get("exceeded_reason") or "",
+        "onLimit": budget.get("on_limit") or "cancel",
     }
 
 

@@ -32,6 +32,8 @@ class Launch:
     budget: BudgetLimits | None = None  # SPEC §10: bounds the whole tree from its start
     relaunched_from: int | None = None  # the pk of the run this one starts again (relaunch)
     approvals: dict | None = None  # SPEC §11: the run's approval policy {rules, default}
+    # SPEC §14 fork from here: (the run forked, its step or None, run.execute's forkFrom).
+    fork: tuple[int, int | None, dict] | None = None
 
 
 def do_launch_run(actor: Actor, launch: Launch) -> dict:
@@ -109,6 +111,8 @@ def _launch_locked(actor: Actor, launch: Launch) -> dict:
         cwd=cwd,
         via=RunVia.LAUNCH.value,
         relaunched_from_id=launch.relaunched_from,
+        forked_from_id=launch.fork[0] if launch.fork else None,
+        forked_from_sequence=launch.fork[1] if launch.fork else None,
     )
     if launch.budget is not None:
         budgets.launch_budget(run, launch.budget, actor)
@@ -117,7 +121,9 @@ def _launch_locked(actor: Actor, launch: Launch) -> dict:
     elif preset.approvals is not None:
         # SPEC §11: the preset's policy, unless the operator launching gave one.
         approvals.store_policy(run, preset.approvals, source="preset")
-    result = lifecycle.dispatch(run, method=Command.Method.RUN_EXECUTE)
+    result = lifecycle.dispatch(
+        run, method=Command.Method.RUN_EXECUTE, fork_from=launch.fork[2] if launch.fork else None
+    )
     audit(
         actor,
         "launch",
@@ -131,6 +137,7 @@ def _launch_locked(actor: Actor, launch: Launch) -> dict:
             "message": launch.message[:500],
             "budget": launch.budget.wire() if launch.budget is not None else None,
             "relaunchedFrom": run.relaunched_from.run_id if run.relaunched_from_id else None,
+            "forkedFrom": launch.fork[2] if launch.fork else None,
             "approvals": launch.approvals,
         },
     )

@@ -106,7 +106,9 @@ def create_run(
     return run
 
 
-def dispatch(run: Run, *, method: str, lease_id: str | None = None) -> dict:
+def dispatch(
+    run: Run, *, method: str, lease_id: str | None = None, fork_from: dict | None = None
+) -> dict:
     """Queue the run's execute command for its runner; answers the stored ``Result``.
 
     The snapshot is read back after every write of the creating transaction (a budget
@@ -122,6 +124,8 @@ def dispatch(run: Run, *, method: str, lease_id: str | None = None) -> dict:
     }
     if lease_id is not None:
         execute["leaseId"] = lease_id
+    if fork_from is not None:
+        execute["forkFrom"] = fork_from  # SPEC §14 fork from here (services/forks.py)
     enqueue(run.runner_id, method, execute, run=run)
     announce(run)
     return result

@@ -14,7 +14,7 @@ from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-from delegation.tracing import spans
+from delegation.tracing import reads, spans
 
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
 
@@ -46,7 +46,7 @@ def exporter(url: str | None = None) -> OTLPSpanExporter:
 
 def trace_json(run_pks) -> dict:
     """The OTLP JSON of the given runs' spans (the REST trace and ``export_traces --json``)."""
-    return to_json(spans.build_spans(spans.runs_for_export(run_pks)))
+    return to_json(spans.build_spans(reads.runs_for_export(run_pks)))
 
 
 def to_json(span_list) -> dict:

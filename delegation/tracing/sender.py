@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from delegation import metrics
 from delegation.models import Run
-from delegation.tracing import otlp, queue, spans
+from delegation.tracing import otlp, queue, reads, spans
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def take_batch(limit: int | None = None) -> Batch | None:
     run_pks, claimed_at = queue.claim(limit or settings.OTEL_EXPORT_BATCH_RUNS)
     if not run_pks:
         return None
-    return Batch(run_pks, claimed_at, spans.build_spans(spans.runs_for_export(run_pks)))
+    return Batch(run_pks, claimed_at, spans.build_spans(reads.runs_for_export(run_pks)))
 
 
 def send(batch: Batch, target=None) -> bool:
@@ -93,7 +93,7 @@ def send_tree(root: Run, target=None) -> tuple[int, bool]:
     total, ok = 0, True
     for start in range(0, len(pks), settings.OTEL_EXPORT_BATCH_RUNS):
         chunk = spans.build_spans(
-            spans.runs_for_export(pks[start : start + settings.OTEL_EXPORT_BATCH_RUNS])
+            reads.runs_for_export(pks[start : start + settings.OTEL_EXPORT_BATCH_RUNS])
         )
         ok = send(Batch([], None, chunk), target) and ok
         total += len(chunk)

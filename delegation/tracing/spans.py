@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import defaultdict
-from dataclasses import dataclass
 
 from django.conf import settings
-from django.db.models import Q
 from django.utils import timezone
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
@@ -26,7 +23,16 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from delegation.models import TERMINAL_STATUSES, Event, Run, RunStatus
+from delegation.models import RunStatus
+from delegation.tracing.reads import (
+    RunRow,
+    ToolCall,
+    Usage,
+    nanos,
+    parent_calls,
+    pauses_of,
+    stream_of,
+)
 
 SCOPE = InstrumentationScope("canopy", "1")
 # Not (yet) in opentelemetry-semantic-conventions: the names SPEC §12 fixes.
@@ -35,8 +41,6 @@ COST_CURRENCY = "gen_ai.usage.cost.currency"
 # Phoenix's own key for its views (OpenInference), set beside the gen_ai ones.
 OPENINFERENCE_KIND = "openinference.span.kind"
 ERROR_STATUSES = (RunStatus.FAILED, RunStatus.LOST)
-# The stream's kinds a span needs; text deltas and the rest are never read.
-SPAN_KINDS = ("tool-use", "tool-result", "usage")
 
 
 def _digest(kind: str, *parts: str) -> bytes:
@@ -64,106 +68,13 @@ def usage_span_id(run_id: str, sequence: int) -> int:
     return _nonzero(int.from_bytes(_digest("usage", run_id, str(sequence))[:8], "big"))
 
 
-def _ns(moment) -> int:
-    return int(moment.timestamp() * 1_000_000_000)
-
-
 def resource() -> Resource:
     """``service.name`` from OTEL_SERVICE_NAME; ``Resource.create`` merges OTEL_RESOURCE_ATTRIBUTES."""
     return Resource.create({"service.name": settings.OTEL_SERVICE_NAME})
 
 
-@dataclass
-class _ToolCall:
-    call_id: str
-    name: str
-    started: object
-    arguments: object = None
-    ended: object = None
-    success: bool | None = None
-    result: object = None
-    error: str | None = None
-
-
 def _json(value) -> str:
     return value if isinstance(value, str) else json.dumps(value, default=str)
-
-
-@dataclass
-class _Usage:
-    sequence: int
-    at: object
-    data: dict
-
-
-@dataclass
-class RunRow:
-    """What a run's span needs, read as plain values (no model instances: a batch of a
-    thousand runs with five relations each is most of the export's time otherwise)."""
-
-    pk: int
-    run_id: str
-    parent_id: int | None
-    tool_call_id: str
-    profile: str
-    status: str
-    depth: int
-    via: str
-    error: str
-    output: str
-    task: str
-    request: object
-    created_at: object
-    finished_at: object
-    conversation_id: str
-    session_profile: str
-    runner_name: str
-    parent_run_id: str | None
-    root_run_id: str | None
-    tokens_in: int | None
-    tokens_out: int | None
-    cache_read: int | None
-    cache_write: int | None
-    cost_nanos: int | None
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.status in TERMINAL_STATUSES
-
-
-_ROW_FIELDS = {
-    "pk": "pk",
-    "run_id": "run_id",
-    "parent_id": "parent_id",
-    "tool_call_id": "tool_call_id",
-    "profile": "profile",
-    "status": "status",
-    "depth": "depth",
-    "via": "via",
-    "error": "error",
-    "output": "output",
-    "task": "task",
-    "request": "request",
-    "created_at": "created_at",
-    "finished_at": "finished_at",
-    "conversation_id": "session__conversation_id",
-    "session_profile": "session__profile",
-    "runner_name": "runner__name",
-    "parent_run_id": "parent__run_id",
-    "root_run_id": "root__run_id",
-    "tokens_in": "rollup__own_tokens_in",
-    "tokens_out": "rollup__own_tokens_out",
-    "cache_read": "rollup__own_cache_read",
-    "cache_write": "rollup__own_cache_write",
-    "cost_nanos": "rollup__own_cost_nanos",
-}
-
-
-def runs_for_export(run_pks) -> list[RunRow]:
-    rows = (
-        Run.objects.filter(pk__in=list(run_pks)).order_by("pk").values_list(*_ROW_FIELDS.values())
-    )
-    return [RunRow(*row) for row in rows]
 
 
 def build_spans(runs: list[RunRow], *, now=None, capture: bool | None = None) -> list[ReadableSpan]:
@@ -174,13 +85,22 @@ def build_spans(runs: list[RunRow], *, now=None, capture: bool | None = None) ->
     capture = (
         settings.OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT if capture is None else capture
     )
-    calls, models, usages = _stream_of(runs)
-    started_by_call = _parent_calls(runs)
+    calls, models, usages = stream_of(runs)
+    pauses = pauses_of(runs)
+    started_by_call = parent_calls(runs)
     res = resource()
     spans: list[ReadableSpan] = []
     for run in runs:
         spans.append(
-            _run_span(run, models.get(run.pk), started_by_call, res=res, now=now, capture=capture)
+            _run_span(
+                run,
+                models.get(run.pk),
+                started_by_call,
+                res=res,
+                now=now,
+                capture=capture,
+                pauses=pauses.get(run.pk, ()),
+            )
         )
         for call in calls.get(run.pk, ()):
             spans.append(_tool_span(run, call, res=res, now=now, capture=capture))
@@ -189,72 +109,11 @@ def build_spans(runs: list[RunRow], *, now=None, capture: bool | None = None) ->
     return spans
 
 
-def _stream_of(runs):
-    """Each run's tool calls and usage reports in stream order, and the model its latest
-    usage named."""
-    calls: dict[int, list[_ToolCall]] = defaultdict(list)
-    usages: dict[int, list[_Usage]] = defaultdict(list)
-    open_calls: dict[tuple[int, str], _ToolCall] = {}
-    models: dict[int, str] = {}
-    rows = (
-        Event.objects.filter(run_id__in=[run.pk for run in runs], kind__in=SPAN_KINDS)
-        .order_by("run_id", "sequence")
-        .values_list(
-            "run_id",
-            "sequence",
-            "kind",
-            "tool_name",
-            "tool_call_id",
-            "input",
-            "tool_output",
-            "success",
-            "error",
-            "created_at",
-        )
-        .iterator(chunk_size=2000)
-    )
-    for run_pk, sequence, kind, name, call_id, data, output, success, error, at in rows:
-        if kind == "usage":
-            if isinstance(data, dict):
-                usages[run_pk].append(_Usage(sequence, at, data))
-                if isinstance(data.get("model"), str) and data["model"]:
-                    models[run_pk] = data["model"]
-            continue
-        if not call_id:
-            continue
-        call = open_calls.get((run_pk, call_id))
-        if kind == "tool-use":
-            if call is None:
-                call = _ToolCall(call_id, name or "tool", at, arguments=data)
-                open_calls[(run_pk, call_id)] = call
-                calls[run_pk].append(call)
-        elif call is not None and call.ended is None:
-            call.ended, call.success, call.result, call.error = at, success, output, error
-            if name and call.name == "tool":
-                call.name = name
-    return calls, models, usages
-
-
-def _parent_calls(runs) -> set[tuple[int, str]]:
-    """(parent pk, toolCallId) pairs whose tool-use is in the parent's stream: only those
-    children hang under a tool call's span (a span that exists), the rest under the run's."""
-    wanted = {
-        (run.parent_id, run.tool_call_id) for run in runs if run.parent_id and run.tool_call_id
-    }
-    if not wanted:
-        return set()
-    match = Q()
-    for parent_pk, call_id in wanted:
-        match |= Q(run_id=parent_pk, tool_call_id=call_id)
-    found = Event.objects.filter(match, kind="tool-use").values_list("run_id", "tool_call_id")
-    return set(found)
-
-
 def _root_run_id(run: RunRow) -> str:
     return run.root_run_id or run.run_id
 
 
-def _run_span(run: RunRow, model, started_by_call, *, res, now, capture) -> ReadableSpan:
+def _run_span(run: RunRow, model, started_by_call, *, res, now, capture, pauses=()) -> ReadableSpan:
     tid = trace_id(_root_run_id(run))
     parent = None
     if run.parent_id:
@@ -279,6 +138,9 @@ def _run_span(run: RunRow, model, started_by_call, *, res, now, capture) -> Read
         attributes[gen_ai.GEN_AI_REQUEST_MODEL] = model
         attributes[gen_ai.GEN_AI_RESPONSE_MODEL] = model
     attributes.update(_usage_attributes(run))
+    if run.paused_seconds:
+        # Time stopped by a pause (SPEC §14); the span's duration includes it.
+        attributes["canopy.paused_seconds"] = float(run.paused_seconds)
     if capture:
         attributes.update(_content_attributes(run))
         if run.task:
@@ -302,6 +164,7 @@ def _run_span(run: RunRow, model, started_by_call, *, res, now, capture) -> Read
         run.created_at,
         run.finished_at or now,
         res,
+        events=pauses,
     )
 
 
@@ -330,7 +193,7 @@ def _count(data: dict, key: str) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def _usage_span(run: RunRow, usage: _Usage, run_model, *, res) -> ReadableSpan:
+def _usage_span(run: RunRow, usage: Usage, run_model, *, res) -> ReadableSpan:
     """One usage report as an LLM span: Phoenix adds its ``llm.token_count.*`` into the
     trace's totals and prices it from ``llm.model_name`` (its own price table, where the
     operator enters the model's prices). The figures are the stored event's, the same ones
@@ -387,7 +250,7 @@ def _content_attributes(run: RunRow) -> dict:
     return attributes
 
 
-def _tool_span(run: RunRow, call: _ToolCall, *, res, now, capture) -> ReadableSpan:
+def _tool_span(run: RunRow, call: ToolCall, *, res, now, capture) -> ReadableSpan:
     tid = trace_id(_root_run_id(run))
     attributes = {
         gen_ai.GEN_AI_OPERATION_NAME: gen_ai.GenAiOperationNameValues.EXECUTE_TOOL.value,
@@ -428,10 +291,10 @@ def _tool_span(run: RunRow, call: _ToolCall, *, res, now, capture) -> ReadableSp
     )
 
 
-def _span(name, tid, span_id, parent_id, attributes, status, started, ended, res):
+def _span(name, tid, span_id, parent_id, attributes, status, started, ended, res, events=()):
     """One finished span (the SDK's own type, so its encoder and exporter take it as is);
     an end before the start (clock steps between rows) is clamped to the start."""
-    start_ns = _ns(started)
+    start_ns = nanos(started)
     return ReadableSpan(
         name=name,
         context=SpanContext(tid, span_id, is_remote=False, trace_flags=TraceFlags.SAMPLED),
@@ -443,6 +306,7 @@ def _span(name, tid, span_id, parent_id, attributes, status, started, ended, res
         kind=SpanKind.INTERNAL,
         status=status,
         start_time=start_ns,
-        end_time=max(_ns(ended), start_ns),
+        end_time=max(nanos(ended), start_ns),
+        events=tuple(events),
         instrumentation_scope=SCOPE,
     )

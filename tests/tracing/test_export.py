@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from delegation.models import TraceExport
 from delegation.runner_socket import methods
-from delegation.tracing import queue, sender
+from delegation.tracing import queue, reads, sender
 from delegation.tracing import spans as mapping
 from tests.support.api import drive_runner, emit
 from tests.support.otlp_receiver import OtlpReceiver
@@ -210,3 +210,36 @@ def test_it_sends_a_long_open_run_so_far_and_again_complete_at_its_end(receiver,
     final = [s for s in receiver.spans if s.span_id.hex() == run_span][-1]
     assert final.status.code == 1  # OK
     assert receiver.span_ids().count(run_span) == 2  # the same span, replaced at its end
+
+
+@pytest.mark.django_db
+def test_a_paused_runs_span_has_its_pauses_as_events_and_the_time_paused(receiver, settings):
+    """SPEC §14 in OTel: status paused, each pause and resume a span event, paused seconds."""
+    from delegation.models import Run
+    from delegation.services.identity import Actor
+    from delegation.services.pause import do_pause_run, do_resume_run
+
+    _exported(settings, receiver.url)
+    conn = drive_runner("runner-pause", host="host-pause")
+    methods.open_run(conn, {"conversationId": "conv-p", "runId": "pause-1", "extensionId": "ext"})
+    actor = Actor.system("test")
+    do_pause_run(actor, Run.objects.get(run_id="pause-1"), reason="hold on")
+    paused = {s.name: s for s in mapping.build_spans(reads.runs_for_export([_pk("pause-1")]))}
+    span = next(iter(paused.values()))
+    assert span.attributes["canopy.status"] == "paused"
+    assert [e.name for e in span.events] == ["canopy.paused"]
+    assert "hold on" in span.events[0].attributes["canopy.text"]
+    Run.objects.filter(run_id="pause-1").update(paused_at=timezone.now() - timedelta(seconds=5))
+    do_resume_run(actor, Run.objects.get(run_id="pause-1"))
+    methods.finish_run(conn, {"runId": "pause-1", "output": "ok"})
+    assert sender.drain()[1] == 0
+    final = [s for s in receiver.spans if s.name.startswith("invoke_agent")][-1]
+    assert [e.name for e in final.events] == ["canopy.paused", "canopy.resumed"]
+    attributes = {a.key: a.value for a in final.attributes}
+    assert attributes["canopy.paused_seconds"].double_value >= 5
+
+
+def _pk(run_id: str) -> int:
+    from delegation.models import Run
+
+    return Run.objects.get(run_id=run_id).pk

@@ -185,3 +185,39 @@ def test_it_sets_budgets_from_the_admin_action(world, people):
     entry = AuditEntry.objects.get(action="budget")
     assert (entry.via, entry.actor) == ("admin", "user:olga")
     assert client.get("/admin/delegation/budget/").status_code == 200
+
+
+def test_it_shows_and_sets_on_limit_through_rest_the_run_page_and_the_admin(as_, world, people):
+    """SPEC §14: a budget's onLimit appears in REST's budget output and is set by all three."""
+    operator = as_("operator", "token")
+    body = send(operator, "PUT", "/api/runs/root-1/budget", {"maxRuns": 10}).json()
+    assert body["onLimit"] == "cancel"
+    body = send(operator, "PATCH", "/api/runs/root-1/budget", {"onLimit": "pause"}).json()
+    assert body["onLimit"] == "pause" and set(body["limits"]) == {"maxRuns"}
+    assert operator.get("/api/runs/root-1").json()["budget"]["onLimit"] == "pause"
+    bad = send(operator, "PATCH", "/api/runs/root-1/budget", {"onLimit": "wait"})
+    assert bad.status_code == 422 and "onLimit" in bad.json()["error"]["message"]
+
+    page = signed_in(people["operator"])
+    html = page.get("/runs/root-1/").content.decode()
+    assert '<option value="pause" selected>' in html and "pauses and one item asks" in html
+    page.post("/runs/root-1/budget/", {"maxRuns": "9", "onLimit": "cancel"})
+    assert Budget.objects.get(run__run_id="root-1").on_limit == "cancel"
+    answer = page.post("/runs/root-1/budget/", {"maxRuns": "9", "onLimit": "later"})
+    assert answer.status_code == 422 and "onLimit" in answer.content.decode()
+    assert '<option value="later"' not in answer.content.decode()
+
+    pk = Run.objects.get(run_id="root-1").pk
+    page.post(
+        "/admin/delegation/run/",
+        {
+            "action": "set_budgets",
+            "_selected_action": [pk],
+            "apply": "1",
+            "maxRuns": "7",
+            "onLimit": "pause",
+        },
+        follow=True,
+    )
+    budget = Budget.objects.get(run__run_id="root-1")
+    assert (budget.max_runs, budget.on_limit) == (7, "pause")

@@ -147,6 +147,11 @@ class LaunchBody(Strict):
     )
 
 
+class ForkLink(Schema):
+    runId: str
+    sequence: int | None
+
+
 class RunItem(Schema):
     """A run as lists and trees show it (no output, no events)."""
 
@@ -293,6 +298,10 @@ class RunDetail(
         description="The runId this run was relaunched from (null when it was not)"
     )
     relaunches: list[str] = Field(description="The runIds relaunched from this run, oldest first")
+    forkedFrom: ForkLink | None = Field(  # noqa: N815
+        description="SPEC §14: the run (and step; null = its end) this run was forked from"
+    )
+    forks: list[ForkLink] = Field(description="The runs forked from this run, oldest first")
     createdAt: datetime
     updatedAt: datetime
     finishedAt: datetime | None

@@ -73,6 +73,11 @@ class BudgetOut(Schema):
     warnedAt: datetime | None
     exceededAt: datetime | None
     exceededReason: str = Field(description='Why the subtree was stopped, "" if it was not')
+    onLimit: Literal["cancel", "pause"] = Field(
+        default="cancel",
+        description='SPEC §14: what happens at a limit: "cancel" the subtree or "pause" it and '
+        "ask in the approvals inbox",
+    )
 
 
 def _integral(value: Any) -> Any:

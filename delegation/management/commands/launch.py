@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from delegation.errors import PermissionRefused, RpcError
 from delegation.models import AuditEntry, Run
+from delegation.services.forks import do_fork_run
 from delegation.services.launch import Launch, do_launch_run, relaunch_of
 from delegation.services.run_actions import Actor
 from delegation.wire import BudgetLimits, loads_strict, parse_model
@@ -35,7 +36,17 @@ class Command(BaseCommand):
             help="relaunch this run: its runner, preset, cwd and budget, and its message "
             "unless --message gives another",
         )
-        parser.add_argument("--message", dest="new_message", default=None, help="with --from")
+        parser.add_argument(
+            "--fork-from",
+            dest="fork_from",
+            default=None,
+            metavar="RUN[:SEQ]",
+            help="fork this finished run's agent conversation at event SEQ (default: its "
+            "end) with --message as the new instruction (SPEC §14)",
+        )
+        parser.add_argument(
+            "--message", dest="new_message", default=None, help="with --from or --fork-from"
+        )
         parser.add_argument("--extension", default=None, help="the preset's extensionId")
         parser.add_argument("--cwd", default=None, help="working directory for the run")
         parser.add_argument("--as", dest="username", default=None, help="act as this user")
@@ -60,6 +71,9 @@ class Command(BaseCommand):
             actor = Actor.for_user(user, via=AuditEntry.Via.SYSTEM)
         else:
             actor = Actor.system(f"cli:{getpass.getuser()}")
+        if options.get("fork_from"):
+            self._fork(actor, options["fork_from"], options.get("new_message") or message)
+            return
         if options.get("original"):
             original = (
                 Run.objects.select_related("runner").filter(run_id=options["original"]).first()
@@ -84,9 +98,24 @@ class Command(BaseCommand):
         )
         self._launch(actor, launch)
 
-    def _launch(self, actor, launch):
+    def _fork(self, actor, spec: str, message: str | None):
+        run_id, _, step = spec.partition(":")
+        if step and not step.isdigit():
+            raise CommandError(f"--fork-from: {step!r} is no event sequence (RUN[:SEQ])")
+        original = Run.objects.select_related("runner").filter(run_id=run_id).first()
+        if original is None:
+            raise CommandError(f"--fork-from: no run {run_id!r}")
+        self._launch(
+            actor,
+            None,
+            lambda: do_fork_run(
+                actor, original, message=message or "", sequence=int(step) if step else None
+            ),
+        )
+
+    def _launch(self, actor, launch, start=None):
         try:
-            result = do_launch_run(actor, launch)
+            result = start() if start else do_launch_run(actor, launch)
         except PermissionRefused as exc:
             raise CommandError(f"refused: {exc}") from None
         except RpcError as exc:

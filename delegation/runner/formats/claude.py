@@ -33,12 +33,24 @@ class ClaudeStreamJson(Format):
         # User messages Claude Code took from stdin (``--replay-user-messages`` echoes each
         # one as it consumes it): the runner's count of prompts the agent has seen.
         self.prompts_seen = 0
+        # The transcript entry (uuid) of the last main-chain record (fork from here, SPEC §14).
+        self.anchor = ""
 
     @staticmethod
     def _call_id(own: str, parent: str | None) -> str:
         return f"{parent}/{own}" if parent else own
 
     def record(self, data: dict) -> list[dict] | None:
+        events = self._record(data)
+        own = data.get("uuid")
+        if data.get("type") in ("assistant", "user") and not data.get("parent_tool_use_id"):
+            if isinstance(own, str) and own and not data.get("isReplay"):
+                self.anchor = own
+        # The command engine's reader tags this record's events with it, so a fork can resume
+        # right after any of them (delegation.runner.kept_sessions).
+        return events
+
+    def _record(self, data: dict) -> list[dict] | None:
         kind = data.get("type")
         parent = data.get("parent_tool_use_id") or None
         if parent is not None and not isinstance(parent, str):

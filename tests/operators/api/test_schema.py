@@ -16,6 +16,7 @@ from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
 
 from delegation import roles
+from delegation.models import ExtensionPreset, Run
 from delegation.runner_socket import methods
 from delegation.services import webhooks as alerts
 from delegation.services.run_actions import Actor
@@ -70,6 +71,9 @@ def operator_world(operator, shipped_prices):
         {"runId": world.child["runId"], "toolCallId": "t", "toolName": "Bash", "input": {}},
     )
     world.extra["approvalId"] = asked["approvalId"]
+    # Fork (SPEC §14): the finished run's preset forks and its agent reported a session.
+    ExtensionPreset.objects.filter(name=world.finished["profile"]).update(can_fork=True)
+    Run.objects.filter(run_id=world.finished["runId"]).update(agent_session_id="sess-1")
     _current["statuses"] = []
     yield world
     statuses = _current.pop("statuses")
@@ -136,6 +140,8 @@ def aim_at_real_resources(case, world, *, always: bool = False) -> None:
     for name, value in real.items():
         if name in (case.path_parameters or {}):
             case.path_parameters[name] = value
+    if case.operation.path.endswith("/fork"):
+        case.path_parameters["runId"] = world.finished["runId"]  # only a finished run forks
     current = (case.path_parameters or {}).get("id")
     # Only a schema-valid id is swapped for a real one: a negative case must stay negative.
     if type(current) is int and 1 <= current <= 2**63 - 1:
