@@ -71,3 +71,32 @@ def test_an_operator_forks_a_run_from_a_step_and_pauses_another(server, runner, 
     assert page.locator("[data-action=pause]").count() == 1
     actions = set(AuditEntry.objects.values_list("action", flat=True))
     assert {"pause", "resume", "launch"} <= actions
+
+
+def test_an_operator_pauses_and_resumes_a_subtree_from_the_trees_side_pane(
+    server, runner, browser, operator
+):
+    from delegation.models import Run
+
+    runner.open("pane-1", message="Refactor the parser")
+    child = runner.child("pane-1", "pane-req-1", message="Rename the tokens")["runId"]
+    page = browser()
+    sign_in(page, server.http_url, operator.username, PASSWORD)
+    page.goto(f"{server.http_url}/trees/pane-1/?run=pane-1")
+    pane = page.locator('#run-detail[data-run-id="pane-1"][data-status=running]')
+    pane.wait_for()
+    # Running: Pause, no Resume.
+    assert pane.locator("[data-action=row-pause]").is_visible()
+    assert not pane.locator("[data-action=row-resume]").is_visible()
+    pane.locator("[data-action=row-pause]").click()
+    page.wait_for_selector('#run-detail[data-run-id="pane-1"][data-status=paused]')
+    assert page.inner_text("#run-detail [data-role=action-outcome]") == "Pause paused."
+    assert {r.status for r in Run.objects.filter(run_id__in=["pane-1", child])} == {"paused"}
+    # Paused: Resume and Cancel, neither Pause nor Steer.
+    assert page.locator("#run-detail [data-action=row-resume]").is_visible()
+    assert not page.locator("#run-detail [data-action=row-pause]").is_visible()
+    assert not page.locator("#run-detail [data-action=row-steer]").is_visible()
+    assert page.locator("#run-detail [data-action=row-cancel]").is_visible()
+    page.locator("#run-detail [data-action=row-resume]").click()
+    page.wait_for_selector('#run-detail[data-run-id="pane-1"][data-status=running]')
+    assert {r.status for r in Run.objects.filter(run_id__in=["pane-1", child])} == {"running"}

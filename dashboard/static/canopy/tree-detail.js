@@ -1,7 +1,9 @@
 // The tree page's split pane (_tree_detail.html): the selected run's detail beside the tree,
-// its row actions (cancel, steer), and the selection named in the URL (?run=<runId>), so a
+// its row actions (cancel, steer, pause and resume of its subtree), and the selection named in the URL (?run=<runId>), so a
 // link or a reload opens the same run. Keyboard: the tree's own j/k/arrows move the
 // selection; this pane follows.
+import { isTerminal } from "./statuses.js";
+
 const pane = document.getElementById("run-detail");
 const REFRESH_MS = 2000;
 let current = null;
@@ -41,17 +43,24 @@ function show(detail) {
   pane.dataset.runId = detail.runId;
 }
 
-// Issue 38: a finished run offers no Cancel or Steer (they were only greyed out, and shown
-// until the next read).
+// Issue 38: a finished run offers no actions (they were only greyed out, and shown until the
+// next read). A live one offers those its status allows: Steer and Pause while running,
+// Resume while paused (data-when), Cancel either way.
 function showStatus(status) {
   const chip = pane.querySelector("[data-role=status]");
   chip.className = `chip chip-${status}`;
   chip.textContent = status;
   const actions = pane.querySelector("[data-role=actions]");
   if (actions) {
-    const terminal = status !== "running";
+    const terminal = isTerminal(status);
     actions.hidden = terminal;
     for (const control of actions.querySelectorAll("button, textarea")) control.disabled = terminal;
+    for (const part of actions.querySelectorAll("[data-when]")) {
+      part.hidden = part.dataset.when !== status;
+      for (const control of [part, ...part.querySelectorAll("button, textarea")]) {
+        if ("disabled" in control) control.disabled = terminal || part.hidden;
+      }
+    }
   }
   pane.dataset.status = status;
 }
@@ -65,7 +74,7 @@ async function load(runId) {
       const detail = await answer.json();
       // The tree's live row may be newer than this read (a finish that committed meanwhile).
       const row = window.canopyTree?.rows?.get(runId);
-      if (row && row.status !== "running") detail.status = row.status;
+      if (row && isTerminal(row.status)) detail.status = row.status;
       show(detail);
     }
   } catch {
@@ -95,7 +104,7 @@ async function act(path, body) {
   });
   const data = await answer.json().catch(() => ({}));
   out.textContent = answer.ok
-    ? path === "cancel" ? `Cancel ${data.outcome}.` : `Steer ${data.outcome}${data.reason ? ` (${data.reason})` : ""}.`
+    ? path === "steer" ? `Steer ${data.outcome}${data.reason ? ` (${data.reason})` : ""}.` : `${path[0].toUpperCase()}${path.slice(1)} ${data.outcome}.`
     : data.error?.message || `refused (${answer.status})`;
   out.dataset.ok = answer.ok ? "1" : "0";
   load(current);
@@ -124,6 +133,12 @@ if (pane) {
   }
   pane.querySelector("[data-action=row-cancel]")?.addEventListener("click", () => {
     if (current && confirm(`Cancel ${current}?`)) act("cancel", { reason: "cancelled from the tree page" });
+  });
+  pane.querySelector("[data-action=row-pause]")?.addEventListener("click", () => {
+    if (current) act("pause", { subtree: true, reason: "paused from the tree page" });
+  });
+  pane.querySelector("[data-action=row-resume]")?.addEventListener("click", () => {
+    if (current) act("resume", { subtree: true, reason: "resumed from the tree page" });
   });
   pane.querySelector("[data-role=steer-form]")?.addEventListener("submit", (event) => {
     event.preventDefault();
