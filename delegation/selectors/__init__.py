@@ -28,6 +28,7 @@ from delegation.selectors.runners import (
     runner_names,
     runner_overview,
     runner_states,
+    runners_with_unsent,
     runners_matching,
 )
 from delegation.selectors.runs import (
@@ -131,6 +132,7 @@ __all__ = [
     "runner_overview",
     "runner_states",
     "runners_matching",
+    "runners_with_unsent",
     "runs_matching",
     "runs_of_session",
     "sessions_matching",
