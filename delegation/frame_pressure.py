@@ -68,6 +68,10 @@ class FramePressure:
             self.rate += weight * (self._answered / elapsed - self.rate)
             self._since, self._answered = now, 0
 
+    def dropped(self, frames: int) -> None:
+        """Frames a closed socket held and will never answer."""
+        self.held = max(0, self.held - frames)
+
     def saturated(self) -> bool:
         return self.held >= settings.RUN_EVENT_PENDING_MAX
 
