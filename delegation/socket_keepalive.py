@@ -97,7 +97,9 @@ async def sweep(sockets: set, *, touch: bool) -> None:
     """Touch the registered sockets' runners (with ``touch``) and flush the outbox of those
     that have a command to send."""
     live = [
-        (c, c.conn) for c in list(sockets) if c.conn is not None and c.conn.generation and not c.fenced
+        (c, c.conn)
+        for c in list(sockets)
+        if c.conn is not None and c.conn.generation and not c.fenced
     ]
     if not live:
         return
