@@ -81,14 +81,15 @@ class Socket:
 
     async def open(self):
         async with handshakes(20):
-            for attempt in range(5):
+            for attempt in range(10):
                 try:
                     self.runner = await Runner.connect(self.url, self.token)
                     break
                 # A daphne at load ~19 sometimes closes a handshake before its status line
-                # (InvalidMessage): one of 1,000 sockets, on the 800th, in the first run.
+                # (InvalidMessage): one of 1,000 sockets, on the 800th, in the first run; at
+                # load ~23 one socket failed five times in a row.
                 except (OSError, websockets.WebSocketException, TimeoutError):
-                    if attempt == 4:
+                    if attempt == 9:
                         raise
                     await asyncio.sleep(0.5 * (attempt + 1))
             await self.runner.register()
