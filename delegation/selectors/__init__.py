@@ -28,8 +28,8 @@ from delegation.selectors.runners import (
     runner_names,
     runner_overview,
     runner_states,
-    runners_with_unsent,
     runners_matching,
+    runners_with_unsent,
 )
 from delegation.selectors.runs import (
     RESULT_RELATED,

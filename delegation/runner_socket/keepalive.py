@@ -28,8 +28,8 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from delegation import selectors
-from delegation.database_calls import on_database
 from delegation.layers import recently_faulted, until_faulted
+from delegation.runner_socket.database_calls import on_database
 from delegation.services import runners
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,27 @@ def watch(consumer) -> None:
 def forget(consumer) -> None:
     for sockets, _task in list(_watches.values()):
         sockets.discard(consumer)
+
+
+async def per_socket(consumer) -> None:
+    """The keep-alive of one socket on its own timer (``RUNNER_KEEPALIVE=socket``): a touch
+    and an outbox claim per socket per tick, as before issue 39."""
+    resend = settings.OUTBOX_RESEND_SECONDS
+    tick = min(resend, DEGRADED_POLL_SECONDS)
+    touched = time.monotonic()
+    while True:
+        if recently_faulted(consumer.channel_layer, within=2 * resend):
+            await asyncio.sleep(tick)
+        else:
+            await until_faulted(consumer.channel_layer, timeout=resend)
+        if consumer.conn is not None and consumer.conn.generation:
+            with contextlib.suppress(Exception):
+                if time.monotonic() - touched >= resend:
+                    await on_database(runners.touch_runner)(consumer.conn)
+                    touched = time.monotonic()
+                await consumer._flush_outbox()
+        if consumer.runner_group:
+            await consumer.channel_layer.group_add(consumer.runner_group, consumer.channel_name)
 
 
 def _touch_and_check(conns: list, touch: bool) -> set[int]:
