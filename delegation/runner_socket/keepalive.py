@@ -126,7 +126,9 @@ async def sweep(sockets: set, *, touch: bool) -> None:
         return
     due = await on_database(_touch_and_check)([conn for _c, conn in live], touch)
     for consumer, conn in live:
-        if conn.runner_pk in due and consumer.conn is conn:
+        # Not a socket that closed meanwhile: its claim would mark commands sent that no
+        # runner got (they go again only after a new registration).
+        if conn.runner_pk in due and consumer.conn is conn and consumer in sockets:
             consumer._spawn(consumer._flush_outbox())
 
 
