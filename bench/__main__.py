@@ -16,6 +16,7 @@ import sys
 import time
 
 from bench import budget_stop, calibrate, fleet, ingest, memory, push, read, sandbox, traces, tree
+from bench.fleet10k import RAMP
 from bench.servers import ROOT
 from bench.table import machine, notes, report, results
 
@@ -42,8 +43,13 @@ STEPS = {
     "fleet": lambda: fleet.main([]),
     # Issue 26: an agent's stdout line to a live socket, on SQLite and on PostgreSQL + Redis.
     "engines": lambda: __import__("bench.engines").engines.both(),
-    # Issue 26 item 4: 1,000 runner sockets x 10 runs at 1 event/s each, two processes.
-    "fleet10k": lambda: __import__("bench.fleet10k").fleet10k.fleet10k(),
+    # Issue 26 item 4: 1,000 runner sockets x 10 runs at 1 event/s each, two processes; first
+    # a ramp of rising rates on the same sockets, to find where back-pressure starts (issue 39).
+    "fleet10k": lambda: __import__("bench.fleet10k").fleet10k.fleet10k(ramp=RAMP),
+    # The same with a keep-alive timer per socket, as before issue 39 (not a default step).
+    "fleet10k_socket": lambda: __import__("bench.fleet10k").fleet10k.fleet10k(
+        keepalive="socket", ramp=RAMP
+    ),
     # One runner socket with 50 agents at 1,000 frames/s, grouped and frame by frame.
     "fleet_socket": lambda: __import__("bench.fleet10k").fleet10k.one_busy_socket(),
     # Approvals (issue 22): decision-to-tool latency on one and two processes, 200 waiting.

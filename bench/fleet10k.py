@@ -9,8 +9,10 @@ python -m bench.fleet10k 200 10 1 2      # sockets runs-per-socket events/s/run 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -25,7 +27,10 @@ from bench.rpc import Runner
 from bench.servers import PG_ADMIN_URL, REDIS_URL, Database, Server
 from bench.table import notes, results
 
-SECONDS = 15
+SECONDS = int(os.environ.get("BENCH_FLEET_SECONDS", 15))
+RAMP_SECONDS = 6
+# Per run, events/s: with 10 runs a socket on 1,000 sockets, 1,000 to 7,000 offered a second.
+RAMP = (0.1, 0.2, 0.35, 0.5, 0.7)
 
 
 def _pg_connections(db: Database) -> int:
@@ -47,27 +52,45 @@ def _events_stored(db: Database) -> int:
 
 
 class Socket:
-    """One runner socket with its runs; sends on a fixed schedule, never waiting for answers."""
+    """One runner socket with its runs, which emit events on a fixed schedule and send them as
+    the SDK's ``RunStream`` does: one frame in flight per run, the events emitted meanwhile in
+    the next frame, and after a busy answer (``data.retryAfterMs``) nothing until that delay
+    has passed, then everything from the refused frame on in one frame.
 
-    def __init__(self, index: int, url: str, token: str, runs: int):
+    ``flood``: every event its own frame at once, never waiting for an answer (the step
+    before issue 39, a runner that ignores answers); a run's frames already in flight behind
+    a busy one are then answered as a gap (−32602), superseded by the resend."""
+
+    def __init__(self, index: int, url: str, token: str, runs: int, flood: bool = False):
         self.index, self.url, self.token, self.runs = index, url, token, runs
+        self.flood = flood
+        self.inflight = [False] * runs
         self.run_ids = [f"f{index}-{r}" for r in range(runs)]
-        self.sent_at: dict[int, float] = {}
-        self.answers: list[float] = []
+        self.sent_at: dict[int, tuple] = {}  # rpc id -> (run, from, made at, sent at)
+        self.answers: list[float] = []  # ms from a frame's first event to its stored answer
+        self.turnarounds: list[float] = []  # ms from a frame's send to any answer
         self.refused: list[str] = []
+        self.busy = 0
+        self.superseded = 0
         self.sent = 0
         self.ids = itertools.count(1000)
+        self.made = [0] * runs  # events each run has emitted
+        self.made_at: list[list[float]] = [[] for _ in range(runs)]
+        self.next_from = [1] * runs  # the first event of each run not yet sent
+        self.paused_until = [0.0] * runs
+        self.rewound = [False] * runs  # a busy answer sent the run back to resend
 
     async def open(self):
         async with handshakes(20):
-            for attempt in range(5):
+            for attempt in range(10):
                 try:
                     self.runner = await Runner.connect(self.url, self.token)
                     break
                 # A daphne at load ~19 sometimes closes a handshake before its status line
-                # (InvalidMessage): one of 1,000 sockets, on the 800th, in the first run.
+                # (InvalidMessage): one of 1,000 sockets, on the 800th, in the first run; at
+                # load ~23 one socket failed five times in a row.
                 except (OSError, websockets.WebSocketException, TimeoutError):
-                    if attempt == 4:
+                    if attempt == 9:
                         raise
                     await asyncio.sleep(0.5 * (attempt + 1))
             await self.runner.register()
@@ -75,6 +98,11 @@ class Socket:
                 await self.runner.call(
                     "run.open", {"conversationId": f"c-{run_id}", "runId": run_id}
                 )
+
+    @property
+    def behind(self) -> bool:
+        """Whether some run has events not sent yet (paused by back-pressure)."""
+        return any(n <= m for n, m in zip(self.next_from, self.made, strict=True))
 
     async def read(self):
         ws = self.runner.ws
@@ -84,52 +112,78 @@ class Socket:
                 if "method" in frame:
                     await ws.send(json.dumps({"jsonrpc": "2.0", "id": frame["id"], "result": {}}))
                     continue
-                started = self.sent_at.pop(frame.get("id"), None)
-                if started is None:
+                sent = self.sent_at.pop(frame.get("id"), None)
+                if sent is None:
                     continue
-                if "error" in frame:
-                    self.refused.append(str(frame["error"].get("message", frame["error"])))
+                run, start, made_at, sent_time = sent
+                self.turnarounds.append((time.perf_counter() - sent_time) * 1000)
+                self.inflight[run] = False
+                error = frame.get("error")
+                delay = ((error or {}).get("data") or {}).get("retryAfterMs")
+                if error is None:
+                    self.answers.append((time.perf_counter() - made_at) * 1000)
+                    await self._send(run)  # what a pause or a full frame left behind
+                elif delay is not None:
+                    self.busy += 1
+                    self.rewound[run] = True
+                    self.next_from[run] = min(self.next_from[run], start)
+                    self.paused_until[run] = time.perf_counter() + delay / 1000
+                    asyncio.get_running_loop().call_later(
+                        delay / 1000, lambda run=run: asyncio.ensure_future(self._send(run))
+                    )
+                elif error.get("code") == -32602 and self.rewound[run]:
+                    self.superseded += 1
                 else:
-                    self.answers.append((time.perf_counter() - started) * 1000)
+                    self.refused.append(str(error.get("message", error)))
         except websockets.ConnectionClosed as closed:
             self.refused.append(f"closed {closed.rcvd.code if closed.rcvd else '?'}")
 
+    async def _send(self, run: int):
+        """Everything ``run`` has not sent yet, from ``next_from``, unless it is paused."""
+        start, last = self.next_from[run], self.made[run]
+        if start > last or time.perf_counter() < self.paused_until[run]:
+            return
+        if self.inflight[run] and not self.flood:
+            return  # sent with the next frame, once this one is answered
+        self.inflight[run] = True
+        last = min(last, start + 99)  # the SDK's frames hold at most a few hundred
+        self.next_from[run] = last + 1
+        rpc_id = next(self.ids)
+        params = {
+            "runId": self.run_ids[run],
+            "from": start,
+            "events": [{"kind": "text-delta", "text": "hello world " * 4}] * (last - start + 1),
+        }
+        self.sent_at[rpc_id] = (run, start, self.made_at[run][start - 1], time.perf_counter())
+        self.sent += 1
+        with contextlib.suppress(websockets.ConnectionClosed):  # a resend after the end
+            await self.runner.ws.send(
+                json.dumps(
+                    {"jsonrpc": "2.0", "id": rpc_id, "method": "run.event", "params": params}
+                )
+            )
+
     async def stream(self, start: float, rate_per_run: float, seconds: float):
-        """Run ``k % runs`` sends at ``start + k / (rate * runs)``: the socket's runs take
-        turns, so the socket offers ``rate * runs`` frames a second, evenly spaced."""
-        ws = self.runner.ws
+        """Run ``k % runs`` emits an event at ``start + k / (rate * runs)``: the socket's runs
+        take turns, so the socket offers ``rate * runs`` events a second, evenly spaced, one
+        per frame unless back-pressure paused the run."""
         interval = 1 / (rate_per_run * self.runs)
-        seq = [0] * self.runs
         for k in range(int(seconds / interval)):
             delay = start + k * interval - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             r = k % self.runs
-            seq[r] += 1
-            rpc_id = next(self.ids)
-            params = {
-                "runId": self.run_ids[r],
-                "from": seq[r],
-                "events": [{"kind": "text-delta", "text": "hello world " * 4}],
-            }
-            self.sent_at[rpc_id] = time.perf_counter()
-            await ws.send(
-                json.dumps(
-                    {"jsonrpc": "2.0", "id": rpc_id, "method": "run.event", "params": params}
-                )
-            )
-            self.sent += 1
+            self.made[r] += 1
+            self.made_at[r].append(time.perf_counter())
+            await self._send(r)
 
 
-async def _measure(db, servers, tokens, runs, rate, seconds) -> dict:
-    sockets = [
-        Socket(i, servers[i % len(servers)].ws, token, runs) for i, token in enumerate(tokens)
-    ]
-    opened = time.perf_counter()
-    await asyncio.gather(*(s.open() for s in sockets))
-    open_seconds = time.perf_counter() - opened
-    readers = [asyncio.ensure_future(s.read()) for s in sockets]
-    await asyncio.sleep(1)
+async def _phase(db, servers, sockets, runs, rate, seconds) -> dict:
+    """Every socket streams at ``rate`` events/s per run for ``seconds``; then up to 60 s for
+    the answers (and the resends back-pressure asked for)."""
+    for s in sockets:
+        s.answers, s.refused, s.busy, s.superseded, s.sent = [], [], 0, 0, 0
+        s.turnarounds = []
     stored_before = _events_stored(db)
     cpu_before = [_cpu_seconds(s.proc.pid) for s in servers]
     client_before = time.process_time()
@@ -144,38 +198,74 @@ async def _measure(db, servers, tokens, runs, rate, seconds) -> dict:
     connections = _pg_connections(db)
     rss = [round(s.rss_mb(), 1) for s in servers]
     deadline = time.monotonic() + 60
-    while any(s.sent_at for s in sockets) and time.monotonic() < deadline:
+    while any(s.sent_at or s.behind for s in sockets) and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
     drained = time.perf_counter() - t0
     cpu = [_cpu_seconds(s.proc.pid) - c for s, c in zip(servers, cpu_before, strict=True)]
     client_cpu = time.process_time() - client_before
     stored = _events_stored(db) - stored_before
-    for reader in readers:
-        reader.cancel()
-    await asyncio.gather(*readers, return_exceptions=True)
-    await asyncio.gather(*(s.runner.ws.close() for s in sockets), return_exceptions=True)
     answers = [a for s in sockets for a in s.answers]
+    turnarounds = [a for s in sockets for a in s.turnarounds]
     refused = [r for s in sockets for r in s.refused]
-    unanswered = sum(len(s.sent_at) for s in sockets)
-    sent = sum(s.sent for s in sockets)
     if refused:
         notes.append(f"fleet10k: refused {len(refused)}, first: {refused[0]}")
     return {
-        "sockets": len(sockets),
-        "agents": len(sockets) * runs,
-        "open_seconds": round(open_seconds, 1),
         "offered_per_s": len(sockets) * runs * rate,
-        "sent_per_s": round(sent / sending, 1),
+        "sent_per_s": round(sum(s.sent for s in sockets) / sending, 1),
         "events_stored_per_s": round(stored / drained, 1),
         "answer_p50_ms": round(_percentile(answers, 0.5), 1) if answers else None,
         "answer_p99_ms": round(_percentile(answers, 0.99), 1) if answers else None,
+        # A frame's send to its answer, stored or busy: how long the server let it wait.
+        "frame_answer_p99_ms": round(_percentile(turnarounds, 0.99), 1) if turnarounds else None,
+        "busy": sum(s.busy for s in sockets),
+        "superseded": sum(s.superseded for s in sockets),
         "refused": len(refused),
-        "unanswered_after_60s": unanswered,
+        "unanswered_after_60s": sum(len(s.sent_at) for s in sockets),
+        "unsent_after_60s": sum(
+            m - n + 1 for s in sockets for n, m in zip(s.next_from, s.made, strict=True) if n <= m
+        ),
         "rss_mb_max_per_process": max(rss),
         "cpu_pct_per_process": max(round(c * 100 / drained, 1) for c in cpu),
         "client_cpu_pct": round(client_cpu * 100 / drained, 1),
         "db_connections": connections,
     }
+
+
+async def _measure(db, servers, tokens, runs, rate, seconds, ramp=(), flood=False) -> dict:
+    sockets = [
+        Socket(i, servers[i % len(servers)].ws, token, runs, flood)
+        for i, token in enumerate(tokens)
+    ]
+    opened = time.perf_counter()
+    await asyncio.gather(*(s.open() for s in sockets))
+    figures = {
+        "sockets": len(sockets),
+        "agents": len(sockets) * runs,
+        "open_seconds": round(time.perf_counter() - opened, 1),
+    }
+    readers = [asyncio.ensure_future(s.read()) for s in sockets]
+    await asyncio.sleep(1)
+    # Where back-pressure starts (issue 39): the same sockets at rising rates, drained between.
+    limit = None
+    for step in ramp:
+        found = await _phase(db, servers, sockets, runs, step, RAMP_SECONDS)
+        offered = int(found["offered_per_s"])
+        for name in ("events_stored_per_s", "answer_p99_ms", "frame_answer_p99_ms", "busy"):
+            figures[f"ramp_{offered}_{name}"] = found[name]
+        if limit is None and found["busy"]:
+            limit = offered
+    figures.update(await _phase(db, servers, sockets, runs, rate, seconds))
+    if ramp:
+        figures["backpressure_from_per_s"] = (
+            limit
+            if limit is not None
+            else (int(figures["offered_per_s"]) if figures["busy"] else None)
+        )
+    for reader in readers:
+        reader.cancel()
+    await asyncio.gather(*readers, return_exceptions=True)
+    await asyncio.gather(*(s.runner.ws.close() for s in sockets), return_exceptions=True)
+    return figures
 
 
 def fleet10k(
@@ -184,6 +274,9 @@ def fleet10k(
     rate: float = 1.0,
     processes: int = 2,
     group_max: int | None = None,
+    keepalive: str | None = None,
+    ramp: tuple = (),
+    flood: bool = False,
 ):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     # Inherited by the servers: each holds half the sockets plus its database connections.
@@ -195,15 +288,19 @@ def fleet10k(
         env = {"REDIS_URL": REDIS_URL, "LIVE_FANOUT": "process", "UPKEEP_IN_PROCESS": "false"}
         if group_max is not None:
             env["RUN_EVENT_GROUP_MAX"] = str(group_max)  # 1: every frame its own commit
+        if keepalive is not None:
+            env["RUNNER_KEEPALIVE"] = keepalive  # "socket": a timer per socket, as before
         servers = [Server(db, **env) for _ in range(processes)]
         try:
-            figures = asyncio.run(_measure(db, servers, tokens, runs, rate, SECONDS))
+            figures = asyncio.run(_measure(db, servers, tokens, runs, rate, SECONDS, ramp, flood))
         finally:
             for server in servers:
                 server.stop()
     finally:
         db.close()
     key = f"fleet10k_{sockets}s_{runs}r_{processes}p" + ("_ungrouped" if group_max == 1 else "")
+    key += "_socket_keepalive" if keepalive == "socket" else ""
+    key += "_flood" if flood else ""
     for name, value in figures.items():
         results[f"{key}_{name}"] = value
     print(key, json.dumps(figures), flush=True)
@@ -218,8 +315,20 @@ def one_busy_socket() -> None:
 
 
 def main(argv: list[str]) -> None:
-    sockets, runs, rate, processes = (argv + [None] * 4)[:4]
-    fleet10k(int(sockets or 1000), int(runs or 10), float(rate or 1.0), int(processes or 2))
+    """``sockets runs rate processes [socket] [ramp] [flood]``: ``socket`` keeps the
+    per-socket keep-alive (the baseline); ``ramp`` first steps the rate up to find where
+    back-pressure starts; ``flood`` sends every event at once in its own frame."""
+    words = [a for a in argv if a not in ("socket", "ramp", "flood")]
+    sockets, runs, rate, processes = (words + [None] * 4)[:4]
+    fleet10k(
+        int(sockets or 1000),
+        int(runs or 10),
+        float(rate or 1.0),
+        int(processes or 2),
+        keepalive="socket" if "socket" in argv else None,
+        ramp=RAMP if "ramp" in argv else (),
+        flood="flood" in argv,
+    )
     print("\n".join(notes))
 
 

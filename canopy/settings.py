@@ -317,6 +317,17 @@ RUNNER_SILENT_SECONDS = env_float(
 # frame is still answered on its own). 1 commits every frame alone, as the benchmark does to
 # measure the difference.
 RUN_EVENT_GROUP_MAX = env_int("RUN_EVENT_GROUP_MAX", 100, minimum=1)
+# Back-pressure (issue 39): past this many frames taken by a process's runner sockets and not
+# yet answered, a new run.event is answered at once with -32603, data.retryable and
+# data.retryAfterMs (the process's estimate of its drain), instead of waiting behind them.
+RUN_EVENT_PENDING_MAX = env_int("RUN_EVENT_PENDING_MAX", 2000, minimum=1)
+# "process": one keep-alive (touch, outbox poll) for all of a process's runner sockets;
+# "socket": a timer per socket, as before issue 39 (kept for the benchmark to compare).
+RUNNER_KEEPALIVE = env_str("RUNNER_KEEPALIVE", "process").strip() or "process"
+if RUNNER_KEEPALIVE not in ("process", "socket"):
+    raise ImproperlyConfigured(
+        f"RUNNER_KEEPALIVE must be process or socket, got {RUNNER_KEEPALIVE!r}"
+    )
 # --- Approvals (SPEC §11) ---
 # A pending approval nobody decides within this is denied (status expired).
 APPROVAL_TIMEOUT_SECONDS = env_float("APPROVAL_TIMEOUT_SECONDS", 900.0, minimum=1)

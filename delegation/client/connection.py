@@ -29,6 +29,7 @@ from delegation.client.errors import (
     _ConnectionLost,
     error_from_wire,
     is_retryable,
+    retry_after,
 )
 from delegation.client.shapes import Extension, Registration
 from delegation.client.streams import _UNSET, RunStream
@@ -202,13 +203,19 @@ class Connection:
                 continue
             except RpcError as exc:
                 # The server says the call failed on its side for a passing reason (its
-                # database connection dropped) and changed nothing a resend would repeat.
+                # database connection dropped, or it is saturated and asks for a pause:
+                # ``retryAfterMs``) and changed nothing a resend would repeat.
                 remaining = deadline - loop.time()
                 if not is_retryable(exc) or remaining <= 0:
                     raise
-                self.log.warning("%s: %s; retrying in %.2fs", method, exc.message, backoff)
-                await asyncio.sleep(min(backoff, remaining))
-                backoff = min(backoff * 2, self.backoff_max)
+                asked = retry_after(exc)
+                pause = backoff if asked is None else max(asked, self.backoff_initial)
+                # A pause asked for is the server working as meant, not a fault.
+                report = self.log.warning if asked is None else self.log.info
+                report("%s: %s; retrying in %.2fs", method, exc.message, pause)
+                await asyncio.sleep(min(pause, remaining))
+                if asked is None:
+                    backoff = min(backoff * 2, self.backoff_max)
 
     async def _call_on(self, conn: _Conn, method: str, params: dict, timeout: float):
         if conn.closed:

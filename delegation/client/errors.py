@@ -118,5 +118,17 @@ def is_retryable(error: RpcError) -> bool:
     return isinstance(data, Mapping) and data.get("retryable") is True
 
 
+def retry_after(error: RpcError) -> float | None:
+    """The seconds a saturated server asked the caller to wait before sending again
+    (``data.retryAfterMs`` beside ``retryable``: back-pressure), or None."""
+    data = error.data
+    if not isinstance(data, Mapping):
+        return None
+    delay = data.get("retryAfterMs")
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
+        return None
+    return delay / 1000
+
+
 class _ConnectionLost(Exception):
     """Internal: the connection a call was sent on went away before the answer came."""

@@ -9,4 +9,6 @@ to the server, seen from the server's side.
   sockets (a frame that cannot join a group is a group of one).
 - ``database_calls``: service calls from the event loop (database thread, doorbells, retry).
 - ``fences``: registered sockets re-checked against the record (revoked, rotated, taken over).
+- ``keepalive``: one keep-alive for all the process's sockets (touch, outbox poll; issue 39).
+- ``pressure``: back-pressure, a saturated process's busy answer to ``run.event`` (issue 39).
 """

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import deque
 
 from channels.consumer import get_handler_name
@@ -32,19 +31,15 @@ from delegation.errors import (
     STALE_CONNECTION,
     RpcError,
 )
-from delegation.layers import recently_faulted, until_faulted
 from delegation.protocol import CLOSE_FENCED, CLOSE_UNAUTHORIZED, bearer_token
-from delegation.runner_socket import envelope, fences, methods
+from delegation.runner_socket import envelope, fences, keepalive, methods
 from delegation.runner_socket.database_calls import claim, collecting, on_database
 from delegation.runner_socket.frame_groups import frame_groups
+from delegation.runner_socket.pressure import frame_pressure
 from delegation.services import answers, outbox, run_actions, runners, tokens
 from delegation.wire import dumps
 
 log = logging.getLogger(__name__)
-
-
-# The outbox poll while the channel layer loses doorbells (see _keep_outbox_flowing).
-DEGRADED_POLL_SECONDS = 0.25
 
 
 def _header(scope, name: str) -> str | None:
@@ -69,6 +64,7 @@ class RunnerSocketConsumer(AsyncWebsocketConsumer):
     async def connect(self):
         upkeep.ensure_started()
         self.inbox: deque[str | None] = deque()
+        self.popped = 0  # frames taken from the inbox for the frame in hand (pressure)
         self.frame_loop: asyncio.Task | None = None
         self.conn = None
         self.runner_group = None
@@ -93,7 +89,10 @@ class RunnerSocketConsumer(AsyncWebsocketConsumer):
         # Joined before runner.register, so a revocation reaches this socket even then.
         self.runner_group = notify.runner_group(runner.pk)
         await self.channel_layer.group_add(self.runner_group, self.channel_name)
-        self._spawn(self._keep_outbox_flowing())
+        if keepalive.per_process():
+            keepalive.watch(self)
+        else:
+            self._spawn(keepalive.per_socket(self))
 
     async def __call__(self, scope, receive, send):
         try:
@@ -141,6 +140,7 @@ class RunnerSocketConsumer(AsyncWebsocketConsumer):
             return
         self._shut = True
         fences.forget(self)
+        keepalive.forget(self)
         for task in [*getattr(self, "background", ()), getattr(self, "frame_loop", None)]:
             if task is not None:
                 task.cancel()
@@ -154,6 +154,10 @@ class RunnerSocketConsumer(AsyncWebsocketConsumer):
             except Exception:
                 # The silent-runner sweep still starts its grace period from last_seen_at.
                 log.warning("could not record runner %s disconnect", conn.runner_pk, exc_info=True)
+        inbox = getattr(self, "inbox", None)
+        if inbox:  # frames the socket took and will never answer
+            frame_pressure().dropped(len(inbox))
+            inbox.clear()
 
     # --- frames in ----------------------------------------------------------------------
 
@@ -161,19 +165,48 @@ class RunnerSocketConsumer(AsyncWebsocketConsumer):
         if self.conn is None:
             return
         # Frames wait their turn in the inbox: the frame loop takes them in arrival order,
-        # so the frames that arrive meanwhile are there for a group commit to take.
+        # so the frames that arrive meanwhile are there for a group commit to take. A
+        # saturated process answers a run.event at once instead (``pressure``).
+        pressure = frame_pressure()
+        if pressure.saturated() and await self._refused_busy(text_data, pressure):
+            return
+        pressure.took()
         self.inbox.append(text_data)
         if self.frame_loop is None or self.frame_loop.done():
             self.frame_loop = asyncio.ensure_future(self._take_frames())
 
     async def _take_frames(self):
+        pressure = frame_pressure()
         while self.inbox:
-            text_data = self.inbox.popleft()
+            text_data = self._pop()
             try:
                 await self._on_frame(text_data)
             except Exception:
                 log.exception("runner socket: a frame failed")
                 await self._reply_error(None, RpcError(INTERNAL_ERROR, "internal error"))
+            finally:
+                pressure.answered(self.popped)
+                self.popped = 0
+
+    def _pop(self) -> str | None:
+        self.popped += 1
+        return self.inbox.popleft()
+
+    async def _refused_busy(self, text_data: str | None, pressure) -> bool:
+        """Whether the frame is a run.event request this saturated process answered at once
+        with a retry delay; anything else waits its turn."""
+        if not self.conn.generation or self.fenced:
+            return False
+        frame = envelope.read(text_data, fenced=False, methods=methods.METHODS)
+        if not (
+            isinstance(frame, envelope.Request)
+            and frame.method == "run.event"
+            and frame.has_id
+            and frame.params_error is None
+        ):
+            return False
+        await self._reply_error(frame.rpc_id, pressure.busy())
+        return True
 
     async def _on_frame(self, text_data: str | None):
         frame = envelope.read(text_data, fenced=self.fenced, methods=methods.METHODS)
@@ -236,7 +269,7 @@ class RunnerSocketConsumer(AsyncWebsocketConsumer):
                 and frame.params_error is None
             ):
                 break
-            self.inbox.popleft()
+            self._pop()
             group.append(frame)
         return group
 
@@ -371,34 +404,6 @@ class RunnerSocketConsumer(AsyncWebsocketConsumer):
                     )
             if len(commands) < outbox.CLAIM_LIMIT:
                 return
-
-    async def _keep_outbox_flowing(self):
-        """Doorbells can be lost; a poll guarantees commands still go out.
-
-        Slow (OUTBOX_RESEND_SECONDS) while the channel layer works; every
-        DEGRADED_POLL_SECONDS while it is losing doorbells and for a while after (a restarted
-        Redis forgot this socket's group until it joins again), so a cancel written by another
-        process still reaches the runner within a second when Redis is down."""
-        resend = settings.OUTBOX_RESEND_SECONDS
-        tick = min(resend, DEGRADED_POLL_SECONDS)
-        touched = time.monotonic()
-        while True:
-            # Healthy, one timer per socket every `resend` seconds (woken at once by a fault),
-            # not a wake-up per socket every tick.
-            if recently_faulted(self.channel_layer, within=2 * resend):
-                await asyncio.sleep(tick)
-            else:
-                await until_faulted(self.channel_layer, timeout=resend)
-            if self.conn is not None and self.conn.generation:
-                with contextlib.suppress(Exception):
-                    # "Seen" needs no more than one write per `resend`, even polling fast.
-                    if time.monotonic() - touched >= resend:
-                        await on_database(runners.touch_runner)(self.conn)
-                        touched = time.monotonic()
-                    await self._flush_outbox()
-                if self.runner_group:
-                    # A Redis restart forgets group memberships: join again.
-                    await self.channel_layer.group_add(self.runner_group, self.channel_name)
 
     def _spawn(self, coroutine):
         task = asyncio.ensure_future(coroutine)

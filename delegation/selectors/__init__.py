@@ -29,6 +29,7 @@ from delegation.selectors.runners import (
     runner_overview,
     runner_states,
     runners_matching,
+    runners_with_unsent,
 )
 from delegation.selectors.runs import (
     RESULT_RELATED,
@@ -131,6 +132,7 @@ __all__ = [
     "runner_overview",
     "runner_states",
     "runners_matching",
+    "runners_with_unsent",
     "runs_matching",
     "runs_of_session",
     "sessions_matching",

@@ -130,3 +130,17 @@ def command_answer(command_pk: int, runner_pk: int) -> dict | None:
         .values("answered_at", "result")
         .first()
     )
+
+
+def runners_with_unsent(conns) -> set[int]:
+    """The runners among ``conns`` (registered sockets' connections) with a command not yet
+    answered nor sent on that connection's generation: what ``outbox.claim_commands`` would
+    claim for them. One read for a whole process's sockets, so its keep-alive claims only for
+    the few that have something to send."""
+    generation = {conn.runner_pk: conn.generation for conn in conns}
+    rows = (
+        Command.objects.filter(runner_id__in=list(generation), answered_at__isnull=True)
+        .values_list("runner_id", "sent_generation")
+        .distinct()
+    )
+    return {pk for pk, sent in rows if sent != generation[pk]}

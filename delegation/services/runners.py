@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from delegation import notify
@@ -164,6 +165,14 @@ def touch_runner(conn: Connection) -> None:
     Runner.objects.filter(pk=conn.runner_pk, connection_generation=conn.generation).update(
         last_seen_at=timezone.now()
     )
+
+
+def touch_runners(conns) -> None:
+    """``touch_runner`` for every connection in one statement (a process's keep-alive)."""
+    current = Q(pk__in=[])
+    for conn in conns:
+        current |= Q(pk=conn.runner_pk, connection_generation=conn.generation)
+    Runner.objects.filter(current).update(last_seen_at=timezone.now())
 
 
 def lose_runner(runner: Runner, now) -> None:

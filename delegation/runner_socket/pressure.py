@@ -1,0 +1,97 @@
+"""Back-pressure of a saturated process on its runner sockets (issue 39).
+
+Frames a process has taken and not yet answered wait in the sockets' inboxes and in the group
+commit's queue. Left alone, a process offered more than it stores lets that wait grow without
+bound: at 1,000 sockets it reached minutes, and frames went unanswered for 60 s. Instead, past
+``RUN_EVENT_PENDING_MAX`` frames held by the process, a new ``run.event`` request is answered
+at once, before it waits anywhere or touches the database, with −32603 and
+``data: {"retryable": true, "retryAfterMs": N}``: nothing of it is stored, and the runner sends
+it again after ``N`` ms (the SDK does, ``delegation.client.connection``), by then batched with
+the events its agent emitted meanwhile. ``N`` is the process's own estimate of how long it
+needs to answer what it holds (held frames over the rate it has been answering them), so a
+process that drains fast asks for short pauses.
+
+Only ``run.event`` is refused: it is the volume, and the SPEC's ``from`` makes its retry exact.
+Answers to the server's commands and the other methods wait their turn as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import weakref
+
+from django.conf import settings
+
+from delegation.errors import INTERNAL_ERROR, RpcError
+
+RETRY_MIN_MS = 50
+RETRY_MAX_MS = 5_000
+# How fast the answering rate follows the process: a 2 s memory, so a pause asked for
+# reflects the last few commits rather than the last one.
+RATE_SECONDS = 2.0
+
+_per_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def frame_pressure() -> FramePressure:
+    """This event loop's (one a server process; the test suite runs a loop per test)."""
+    loop = asyncio.get_running_loop()
+    pressure = _per_loop.get(loop)
+    if pressure is None:
+        pressure = _per_loop[loop] = FramePressure()
+    return pressure
+
+
+class FramePressure:
+    """What the process's runner sockets hold: ``held`` frames received and not yet answered,
+    and the rate at which they have been answered (frames/s, smoothed)."""
+
+    def __init__(self):
+        self.held = 0
+        self.rate = 0.0
+        self._since = time.monotonic()
+        self._answered = 0
+        self.refused = 0
+
+    def took(self, frames: int = 1) -> None:
+        self.held += frames
+
+    def answered(self, frames: int = 1) -> None:
+        self.held = max(0, self.held - frames)
+        self._answered += frames
+        now = time.monotonic()
+        elapsed = now - self._since
+        if elapsed >= 0.1:
+            weight = min(1.0, elapsed / RATE_SECONDS)
+            self.rate += weight * (self._answered / elapsed - self.rate)
+            self._since, self._answered = now, 0
+
+    def dropped(self, frames: int) -> None:
+        """Frames a closed socket held and will never answer."""
+        self.held = max(0, self.held - frames)
+
+    def saturated(self) -> bool:
+        return self.held >= settings.RUN_EVENT_PENDING_MAX
+
+    def retry_after_ms(self) -> int:
+        """How long the process expects to need for what it holds, jittered by a quarter so
+        the runners it refused together do not all come back in the same instant."""
+        if self.rate > 0:
+            estimate = 1000 * self.held / self.rate
+        else:
+            estimate = RETRY_MAX_MS / 5
+        estimate *= random.uniform(0.75, 1.25)
+        return int(min(RETRY_MAX_MS, max(RETRY_MIN_MS, estimate)))
+
+    def busy(self) -> RpcError:
+        """The answer to a ``run.event`` refused for back-pressure; counted in ``refused``."""
+        self.refused += 1
+        delay = self.retry_after_ms()
+        return RpcError(
+            INTERNAL_ERROR,
+            f"server busy: {self.held} frames waiting in this process; nothing of this frame "
+            f"was stored, send it again after {delay} ms",
+            data={"retryable": True, "retryAfterMs": delay},
+        )
