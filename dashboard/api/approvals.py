@@ -80,7 +80,8 @@ def get_approval(request, approvalId: str):  # noqa: N803
     description="Needs the operator role (audited). `allow` (optionally with `updatedInput`, "
     "the input as edited) or `deny` (optionally with a `message` the agent is shown); "
     "`scope` `always` also adds an allow rule to the run's policy, or with `scopeRun` "
-    "`root` to its tree root's. A second decision changes nothing: 409 naming the first. "
+    "`root` to its tree root's; a `question` or `budget` approval is answered once (422 for "
+    "`always`). A second decision changes nothing: 409 naming the first. "
     "An approval with `canEdit: false` came through a door that cannot run an edited input "
     "(an ACP agent answers with an option id only): `updatedInput` on it is 409 "
     "`edit_not_supported_by_door`, and nothing is decided.",

@@ -247,6 +247,12 @@ def _lock_approval(approval_pk: int) -> Approval:
     return Approval.objects.select_for_update(of=("self",)).get(pk=approval_pk)
 
 
+# Approvals that are a question to the operator, not a tool the agent may use again: an
+# "allow always" rule would answer every later one unasked (an extension's ui.input with an
+# empty string, a budget's raise without a look).
+ONCE_ONLY_KINDS = ("question", "budget")
+
+
 @retry_conflicts
 def do_decide_approval(
     *,
@@ -264,6 +270,11 @@ def do_decide_approval(
         raise RpcError(INVALID_PARAMS, "updatedInput: only an allow may edit the input")
     if decision == "deny" and scope == "always":
         raise RpcError(INVALID_PARAMS, "scope: 'always' adds an allow rule; a deny is once")
+    if scope == "always" and approval.kind in ONCE_ONLY_KINDS:
+        raise RpcError(
+            INVALID_PARAMS,
+            f"scope: a {approval.kind} is answered once; 'always' adds an allow rule for a tool",
+        )
     # Before the locks: a door's capability is fixed when the approval is stored.
     check_edit(approval, updated_input)
     with transaction.atomic():

@@ -267,3 +267,15 @@ def test_it_publishes_and_enforces_that_a_deny_edits_nothing_and_adds_no_rule(wo
     variants = schema["content"]["application/json"]["schema"]["oneOf"]
     assert len(variants) == 2
     assert as_("operator").post(url, {"decision": "deny", "message": "no"}).status_code == 200
+
+
+def test_it_answers_a_question_once_and_refuses_allow_always_for_it(world, as_):
+    """An extension's question (kodelet ui.input/confirm/select) is no tool to allow again."""
+    asked = _ask(world, "root-1", "q-1", kind="question", title="Which branch?")
+    url = f"/api/approvals/{asked['approvalId']}/decision"
+    answer = as_("operator").post(url, {"decision": "allow", "scope": "always"})
+    assert answer.status_code == 422
+    assert "a question is answered once" in answer.json()["error"]["message"]
+    assert Approval.objects.get(approval_id=asked["approvalId"]).status == "pending"
+    decided = as_("operator").post(url, {"decision": "allow", "message": "main"})
+    assert decided.status_code == 200 and decided.json()["message"] == "main"
