@@ -24,7 +24,7 @@ from typing import Any
 
 from delegation import errors as codes
 from delegation.client import Preset, RpcError
-from delegation.runner.egress import Grant, check_allow_hosts, split_host_port
+from delegation.runner.egress_rules import Grant, check_allow_hosts, split_host_port
 from delegation.runner.kodelet.spec import ExtensionSpec, check_extensions
 from delegation.runner.sandbox import unsandboxed_warning
 from delegation.runner.sandbox_masks import start_mask_thread

@@ -16,7 +16,6 @@ ALLOWED = {
     "delegation/runner/host.py": "the runner host every engine plugs into",
     "delegation/runner/command.py": "the command engine (SPEC §14 agent CLIs)",
     "delegation/client/connection.py": "the SDK connection: one socket's state machine",
-    "delegation/runner/egress.py": "the sandbox's egress proxy: one allow-list, one loop",
 }
 
 

@@ -11,7 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from delegation.runner.egress import EgressProxy, check_allow_hosts
+from delegation.runner.egress import EgressProxy
+from delegation.runner.egress_rules import check_allow_hosts
 
 
 class Recorder(BaseHTTPRequestHandler):
