@@ -363,6 +363,9 @@ class CommandEngine(PresetEngine):
         if not fork.can_fork(preset):
             raise ForkRefused(f"preset {preset.name} cannot fork")
         if ctx.fork_from:
+            if preset.format != fork.CLAUDE:
+                # Kept transcripts and resuming at a step are Claude Code's (see kept_sessions).
+                raise ForkRefused(f"fork from here: preset {preset.name} is not Claude Code")
             store = self.session_store or kept_sessions.default_store()
             session, data, at = kept_sessions.resolve(store, ctx.fork_from)
             agent_home = home.path if home is not None else _agent_home(preset)
@@ -373,16 +376,19 @@ class CommandEngine(PresetEngine):
             # Claude Code reports its session id (init) before its transcript is on disk: a
             # parent that delegates in its first turn may not have written it yet.
             deadline = asyncio.get_running_loop().time() + fork.TRANSCRIPT_WAIT
-            while not fork.copy_transcript(session, parent_home, home.path, cwd, account(preset)):
+            owner = account(preset)
+            while not fork.copy_transcript(
+                session, parent_home, home.path, cwd, owner, fmt=preset.format
+            ):
                 if asyncio.get_running_loop().time() >= deadline:
                     raise ForkRefused(f"contextMode fork: no transcript of session {session}")
                 await asyncio.sleep(0.1)
-        return fork.fork_argv(argv, session)
+        return fork.fork_argv(argv, session, preset.format)
 
     def _keep_session(self, ctx: RunContext, preset: CommandPreset, home) -> None:
         """A finished Claude Code run's transcript, kept for a fork from here."""
         session = getattr(ctx.data.get("format"), "session_id", "")
-        if not session or not fork.can_fork(preset):
+        if not session or preset.format != fork.CLAUDE:
             return
         agent_home = home.path if home is not None else _agent_home(preset)
         store = self.session_store or kept_sessions.default_store()

@@ -1,9 +1,11 @@
-"""``contextMode: "fork"`` for Claude Code (SPEC §14): a child that starts from a copy of its
-live parent's agent conversation.
+"""``contextMode: "fork"`` (SPEC §14): a child that starts from a copy of its live parent's
+agent conversation, for the agents whose CLI forks a session.
 
 Claude Code forks with ``--resume <session> --fork-session``: it reads the parent's
 transcript (``~/.claude/projects/<cwd>/<session>.jsonl``) and continues it under a new
-session id, leaving the parent's alone. The parent runs on this runner (a child always runs
+session id, leaving the parent's alone. Codex forks with ``codex exec … fork <thread id>``: it
+reads the parent's rollout (``~/.codex/sessions/YYYY/MM/DD/rollout-…-<thread id>.jsonl``) and
+starts a new thread from it. The parent runs on this runner (a child always runs
 on its parent's runner), so its session id is the one its own ``init`` record reported.
 A sandboxed agent's HOME is private to its run: the parent's transcript is copied into the
 child's HOME first, read without following links (the parent's agent wrote that directory).
@@ -20,8 +22,15 @@ import os
 import re
 import stat
 
-# Output formats whose agent forks (Claude Code's own stream-json).
-FORK_FORMATS = ("claude-stream-json",)
+CLAUDE, CODEX = "claude-stream-json", "codex-json"
+# Output formats whose agent forks, and where under its HOME it keeps a session's transcript.
+TRANSCRIPTS = {
+    CLAUDE: (".claude", "projects", "*", "{session}.jsonl"),
+    CODEX: (".codex", "sessions", "*", "*", "*", "rollout-*-{session}.jsonl"),
+}
+FORK_FORMATS = tuple(TRANSCRIPTS)
+# An agent's session id as it may appear in a file name (it comes from the agent's output).
+SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
 MAX_TRANSCRIPT = 64 * 1024 * 1024
 # How long a fork waits for its parent's transcript to appear on disk (seconds).
 TRANSCRIPT_WAIT = 15.0
@@ -50,6 +59,8 @@ def parent_session(ctx) -> tuple[str, str | None, str]:
         raise ForkRefused(
             f"contextMode fork: parent run {parent_id} has no agent session to fork (yet)"
         )
+    if not SESSION_ID.fullmatch(session):
+        raise ForkRefused(f"contextMode fork: parent run {parent_id}'s session id is malformed")
     home = parent.data.get("private_home")
     return session, (home.path if home is not None else None), parent.data.get("cwd", "")
 
@@ -59,26 +70,34 @@ def project_dir(cwd: str) -> str:
     return re.sub(r"[^A-Za-z0-9]", "-", cwd)
 
 
-def copy_transcript(session: str, source: str, target: str, cwd: str, owner=None) -> int:
-    """Copy ``<session>.jsonl`` from the parent's private HOME into the child's, under the
-    same project directory and under the child's ``cwd``'s; the number of files copied."""
+def copy_transcript(
+    session: str, source: str, target: str, cwd: str, owner=None, *, fmt: str = CLAUDE
+) -> int:
+    """Copy the session's transcript from the parent's private HOME into the child's: Claude
+    Code's under the same project directory and under the child's ``cwd``'s, Codex's at the
+    same path; the number of files copied."""
     root = os.path.realpath(source)
+    parts = TRANSCRIPTS[fmt]
+    pattern = os.path.join(root, *parts[:-1], parts[-1].format(session=glob.escape(session)))
     copied = 0
-    for found in glob.glob(os.path.join(root, ".claude", "projects", "*", f"{session}.jsonl")):
+    for found in glob.glob(pattern):
         # Nothing reached through a link the parent's agent may have planted.
         if not os.path.realpath(found).startswith(root + os.sep):
             continue
         data = _read_regular(found)
         if data is None:
             continue
-        names = {os.path.basename(os.path.dirname(found))}
-        if cwd:
-            names.add(project_dir(cwd))
-        for name in names:
-            _write(os.path.join(target, ".claude", "projects", name), f"{session}.jsonl", data)
+        if fmt == CODEX:
+            places = {os.path.dirname(os.path.relpath(found, root))}
+        else:
+            places = {os.path.join(*parts[:2], os.path.basename(os.path.dirname(found)))}
+            if cwd:
+                places.add(os.path.join(*parts[:2], project_dir(cwd)))
+        for place in places:
+            _write(os.path.join(target, place), os.path.basename(found), data)
             copied += 1
     if owner:
-        for dirpath, _dirs, files in os.walk(os.path.join(target, ".claude")):
+        for dirpath, _dirs, files in os.walk(os.path.join(target, parts[0])):
             for path in [dirpath, *(os.path.join(dirpath, f) for f in files)]:
                 os.chown(path, *owner)
     return copied
@@ -105,6 +124,11 @@ def _write(directory: str, name: str, data: bytes) -> None:
         fh.write(data)
 
 
-def fork_argv(argv: list[str], session: str) -> list[str]:
-    """Claude Code's command line, resuming ``session`` as a new, forked one."""
+def fork_argv(argv: list[str], session: str, fmt: str = CLAUDE) -> list[str]:
+    """The agent's command line, resuming ``session`` as a new, forked one: Claude Code's
+    options, or Codex's ``exec`` subcommand ``fork <id>`` before the prompt (after ``--``'s
+    place, else before the last argument, the prompt)."""
+    if fmt == CODEX:
+        at = argv.index("--") if "--" in argv else len(argv) - 1
+        return [*argv[:at], "fork", session, *argv[at:]]
     return [argv[0], "--resume", session, "--fork-session", *argv[1:]]

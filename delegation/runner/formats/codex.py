@@ -22,12 +22,14 @@ class CodexJson(Format):
         super().__init__()
         self.started: set[str] = set()
         self.turn_failed = False
+        self.session_id = ""  # the thread id: what ``codex exec fork`` forks (SPEC §14)
 
     def record(self, data: dict) -> list[dict] | None:
         kind = data.get("type")
         if kind == "thread.started":
-            thread = str(data.get("thread_id") or "")
-            return [event("session", f"Codex thread {thread} started", input={"threadId": thread})]
+            thread = self.session_id = str(data.get("thread_id") or "")
+            started = {"threadId": thread, "sessionId": thread}
+            return [event("session", f"Codex thread {thread} started", input=started)]
         if kind == "turn.started":
             self.turn_failed = False
             return [event("turn", "turn started")]
