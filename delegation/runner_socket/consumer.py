@@ -369,9 +369,9 @@ class RunnerSocketConsumer(AsyncWebsocketConsumer):
             return
         await self._send({"jsonrpc": "2.0", "id": rpc_id, "error": error.wire()})
 
-    async def _send_commands(self, commands: list):
-        if not commands:
-            return
+    async def _send_claimed(self, commands: list):
+        """Claimed commands as requests, in claim order (the lock keeps two senders' batches
+        from interleaving)."""
         async with self.outbox_lock:
             for command in commands:
                 await self._send(
@@ -382,6 +382,11 @@ class RunnerSocketConsumer(AsyncWebsocketConsumer):
                         "params": command.wire_params(),
                     }
                 )
+
+    async def _send_commands(self, commands: list):
+        if not commands:
+            return
+        await self._send_claimed(commands)
         if len(commands) >= outbox.CLAIM_LIMIT:
             await self._flush_outbox()  # more were waiting than one claim takes
 
@@ -392,16 +397,7 @@ class RunnerSocketConsumer(AsyncWebsocketConsumer):
             return
         while True:
             commands = await on_database(claim)(self.conn)
-            async with self.outbox_lock:
-                for command in commands:
-                    await self._send(
-                        {
-                            "jsonrpc": "2.0",
-                            "id": command.rpc_id,
-                            "method": command.method,
-                            "params": command.wire_params(),
-                        }
-                    )
+            await self._send_claimed(commands)
             if len(commands) < outbox.CLAIM_LIMIT:
                 return
 
