@@ -15,8 +15,9 @@ from acp.client.connection import ClientSideConnection
 from acp.schema import ClientCapabilities, HttpHeader, HttpMcpServer, Implementation
 
 from delegation.client import ClientError, McpToken, RpcError, event
-from delegation.runner import mcpconfig
+from delegation.runner import fork, mcpconfig
 from delegation.runner import process as proc
+from delegation.runner.acp import forks
 from delegation.runner.acp.presets import AcpPreset, AcpRefused
 from delegation.runner.acp.session import CHUNK_MAX_AGE, Session
 from delegation.runner.host import Outcome, RunContext
@@ -91,10 +92,18 @@ class AcpEngine(PresetEngine):
 
     # -- one child ---------------------------------------------------------------------
 
+    def can_fork(self, preset: AcpPreset) -> bool:
+        return preset.can_fork
+
     async def run(self, ctx: RunContext) -> Outcome:
         preset = self.preset_of(ctx)
+        if ctx.fork_from:
+            # Fork from here resumes a transcript the command engine kept (Claude Code's);
+            # never a fresh start that looks like a fork.
+            return Outcome(error=f"fork from here: preset {preset.name} is not Claude Code")
         cwd = confine(self.workspace, ctx.cwd or preset.cwd)
         home = PrivateHome(preset) if preset.sandboxed else None
+        ctx.data["private_home"], ctx.data["cwd"] = home, cwd
         try:
             return mcpconfig.redact_outcome(await self._run(ctx, preset, cwd, home))
         finally:
@@ -205,15 +214,21 @@ class AcpEngine(PresetEngine):
             session.cost_seen = self.costs.get(ctx.conversation_id, 0.0)
             session.put(event("session", f"ACP session {known} loaded", input={"sessionId": known}))
         else:
-            created = await self._until_cancel(ctx, conn.new_session(cwd=cwd, mcp_servers=servers))
+            if fork.wants_fork(ctx):
+                parent = await forks.prepare(ctx, preset, capabilities, cwd)
+                opening = conn.fork_session(session_id=parent, cwd=cwd, mcp_servers=servers)
+            else:
+                opening = conn.new_session(cwd=cwd, mcp_servers=servers)
+            created = await self._until_cancel(ctx, opening)
             if created is None:
                 return Outcome(cancelled=True)
             session.session_id = created.session_id
             agent = init.agent_info.name if init.agent_info else preset.command[0]
+            how = f"forked from {parent}" if fork.wants_fork(ctx) else "started"
             session.put(
                 event(
                     "session",
-                    f"ACP session {created.session_id} started ({agent})",
+                    f"ACP session {created.session_id} {how} ({agent})",
                     input={"sessionId": created.session_id, "agent": agent},
                 )
             )

@@ -39,11 +39,18 @@ class AcpPreset(AgentPreset):
     # agent's environment ("env") for an agent that expands variables in MCP headers and
     # would otherwise put the header on a process's argv (claude-agent-acp: SPEC §9).
     mcp_token_via: str = "header"
+    # SPEC §14: the operator says the agent forks a session (ACP ``session/fork``, which
+    # claude-agent-acp offers): the preset registers with ``canFork``, and a fork child runs
+    # ``session/fork`` of its parent's session; an agent that turns out not to offer it fails
+    # the child by name.
+    can_fork: bool = False
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any]) -> AcpPreset:
         fields = check_fields(
-            raw, label="acp preset", extra=("allowToolKinds", "askCanopy", "mcpTokenVia")
+            raw,
+            label="acp preset",
+            extra=("allowToolKinds", "askCanopy", "mcpTokenVia", "canFork"),
         )
         label = f"acp preset {fields['name']!r}"
         kinds = raw.get("allowToolKinds", [])
@@ -63,4 +70,13 @@ class AcpPreset(AgentPreset):
             raise ValueError(
                 f"{label}: 'mcpTokenVia' must be one of {', '.join(MCP_TOKEN_VIA)}, not {via!r}"
             )
-        return cls(**fields, allow_tool_kinds=tuple(kinds), ask_canopy=ask, mcp_token_via=via)
+        forks = raw.get("canFork", False)
+        if not isinstance(forks, bool):
+            raise ValueError(f"{label}: 'canFork' must be true or false")
+        return cls(
+            **fields,
+            allow_tool_kinds=tuple(kinds),
+            ask_canopy=ask,
+            mcp_token_via=via,
+            can_fork=forks,
+        )
