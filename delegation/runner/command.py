@@ -372,6 +372,9 @@ class CommandEngine(PresetEngine):
             kept_sessions.place(data, session, agent_home, cwd, account(preset))
             return kept_sessions.argv(argv, session, at)
         session, parent_home, _parent_cwd = fork.parent_session(ctx)
+        if preset.format == fork.GEMINI and (home is None or parent_home is None):
+            # Its fork is a copy in the child's own HOME: only a sandboxed child has one.
+            raise ForkRefused(f"contextMode fork: preset {preset.name} forks only sandboxed")
         if home is not None and parent_home is not None:
             # Claude Code reports its session id (init) before its transcript is on disk: a
             # parent that delegates in its first turn may not have written it yet.
@@ -383,7 +386,7 @@ class CommandEngine(PresetEngine):
                 if asyncio.get_running_loop().time() >= deadline:
                     raise ForkRefused(f"contextMode fork: no transcript of session {session}")
                 await asyncio.sleep(0.1)
-        return fork.fork_argv(argv, session, preset.format)
+        return fork.fork_argv(argv, session, preset.format, _home_inside(preset))
 
     def _keep_session(self, ctx: RunContext, preset: CommandPreset, home) -> None:
         """A finished Claude Code run's transcript, kept for a fork from here."""

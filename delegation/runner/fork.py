@@ -5,7 +5,9 @@ Claude Code forks with ``--resume <session> --fork-session``: it reads the paren
 transcript (``~/.claude/projects/<cwd>/<session>.jsonl``) and continues it under a new
 session id, leaving the parent's alone. Codex forks with ``codex exec … fork <thread id>``: it
 reads the parent's rollout (``~/.codex/sessions/YYYY/MM/DD/rollout-…-<thread id>.jsonl``) and
-starts a new thread from it. The parent runs on this runner (a child always runs
+starts a new thread from it. Gemini CLI has no fork, but ``--session-file <file>`` starts a new
+session from a recorded one (``~/.gemini/tmp/<project>/chats/session-…-<id prefix>.jsonl``): a
+copy of the parent's, in the child's private HOME. The parent runs on this runner (a child always runs
 on its parent's runner), so its session id is the one its own ``init`` record reported.
 A sandboxed agent's HOME is private to its run: the parent's transcript is copied into the
 child's HOME first, read without following links (the parent's agent wrote that directory).
@@ -18,16 +20,21 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import re
 import stat
 
-CLAUDE, CODEX = "claude-stream-json", "codex-json"
+CLAUDE, CODEX, GEMINI = "claude-stream-json", "codex-json", "gemini-stream-json"
 # Output formats whose agent forks, and where under its HOME it keeps a session's transcript.
 TRANSCRIPTS = {
     CLAUDE: (".claude", "projects", "*", "{session}.jsonl"),
     CODEX: (".codex", "sessions", "*", "*", "*", "rollout-*-{session}.jsonl"),
+    # Named by the id's first 8 characters; the first line names the whole id.
+    GEMINI: (".gemini", "tmp", "*", "chats", "session-*-{short}.jsonl"),
 }
+# Where a Gemini fork's copy goes in the child's HOME (outside Gemini's own chats).
+GEMINI_COPY = (".gemini", "canopy-fork")
 FORK_FORMATS = tuple(TRANSCRIPTS)
 # An agent's session id as it may appear in a file name (it comes from the agent's output).
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
@@ -78,15 +85,21 @@ def copy_transcript(
     same path; the number of files copied."""
     root = os.path.realpath(source)
     parts = TRANSCRIPTS[fmt]
-    pattern = os.path.join(root, *parts[:-1], parts[-1].format(session=glob.escape(session)))
+    name = parts[-1].format(session=glob.escape(session), short=glob.escape(session[:8]))
     copied = 0
-    for found in glob.glob(pattern):
+    for found in glob.glob(os.path.join(root, *parts[:-1], name)):
         # Nothing reached through a link the parent's agent may have planted.
         if not os.path.realpath(found).startswith(root + os.sep):
             continue
         data = _read_regular(found)
         if data is None:
             continue
+        if fmt == GEMINI:
+            if not _names_session(data, session):
+                continue  # another session whose id starts alike
+            _write(os.path.join(target, *GEMINI_COPY), f"{session}.jsonl", data)
+            copied += 1
+            break
         if fmt == CODEX:
             places = {os.path.dirname(os.path.relpath(found, root))}
         else:
@@ -101,6 +114,15 @@ def copy_transcript(
             for path in [dirpath, *(os.path.join(dirpath, f) for f in files)]:
                 os.chown(path, *owner)
     return copied
+
+
+def _names_session(data: bytes, session: str) -> bool:
+    """Whether a Gemini CLI session file's first line is ``session``'s record."""
+    try:
+        first = json.loads(data.split(b"\n", 1)[0])
+    except ValueError:
+        return False
+    return isinstance(first, dict) and first.get("sessionId") == session
 
 
 def _read_regular(path: str) -> bytes | None:
@@ -124,10 +146,14 @@ def _write(directory: str, name: str, data: bytes) -> None:
         fh.write(data)
 
 
-def fork_argv(argv: list[str], session: str, fmt: str = CLAUDE) -> list[str]:
+def fork_argv(argv: list[str], session: str, fmt: str = CLAUDE, home: str = "") -> list[str]:
     """The agent's command line, resuming ``session`` as a new, forked one: Claude Code's
-    options, or Codex's ``exec`` subcommand ``fork <id>`` before the prompt (after ``--``'s
-    place, else before the last argument, the prompt)."""
+    options, Codex's ``exec`` subcommand ``fork <id>`` before the prompt (at ``--``, else
+    before the last argument, the prompt), or Gemini CLI's ``--session-file`` naming the copy
+    in the child's HOME (``home``: that HOME as the agent sees it)."""
+    if fmt == GEMINI:
+        copy = os.path.join(home, *GEMINI_COPY, f"{session}.jsonl")
+        return [argv[0], "--session-file", copy, *argv[1:]]
     if fmt == CODEX:
         at = argv.index("--") if "--" in argv else len(argv) - 1
         return [*argv[:at], "fork", session, *argv[at:]]

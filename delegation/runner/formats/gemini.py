@@ -16,6 +16,7 @@ class GeminiStreamJson(Format):
 
     def __init__(self) -> None:
         super().__init__()
+        self.session_id = ""  # what a fork loads (--session-file, SPEC §14)
         self.model = ""
         self.pending: list[str] = []
         self.pending_bytes = 0
@@ -39,7 +40,7 @@ class GeminiStreamJson(Format):
         out = self.flush()
         if kind == "init":
             self.model = str(data.get("model") or "")
-            session = str(data.get("session_id") or "")
+            session = self.session_id = str(data.get("session_id") or "")
             text = f"Gemini session {session} started" + (f" ({self.model})" if self.model else "")
             out.append(event("session", text, input={"sessionId": session, "model": self.model}))
         elif kind == "tool_use":
