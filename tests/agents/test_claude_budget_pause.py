@@ -1,0 +1,101 @@
+"""Budgets that pause (SPEC §14 ``onLimit: "pause"``) with real Claude Code, offline: the
+README's ``claude`` preset on the pinned CLI, sandboxed, against the scripted model. A root
+whose tree may use 1,000 tokens delegates one child, and the child's answer costs 5,000: the
+tree pauses and one ``budget`` item waits in the inbox. Allowing it with a raised limit resumes
+the root, which finishes succeeded; denying it cancels the tree."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from asgiref.sync import sync_to_async
+
+from delegation.models import Run
+from delegation.runner.command import CommandEngine, CommandPreset
+from delegation.runner.host import RunnerHost
+from delegation.runner.model_stub import ModelStub, Text, ToolCall
+from delegation.services import tokens
+from tests.support.personas import api_token
+from tests.support.real_agents import offline_claude_preset
+from tests.support.runners import FAST
+
+pytestmark = [
+    pytest.mark.usefixtures("no_declared_level", "close_worker_connections"),
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(200),
+]
+
+DELEGATE = "mcp__canopy__delegate"
+SMALL = {"input_tokens": 10, "output_tokens": 5}  # every reply but the child's is cheap
+
+
+def script(request):
+    if DELEGATE not in request.tool_names:
+        return Text("ok", **SMALL)  # the CLI's side requests
+    if "CHILD-TASK" in repr(request.messages[:1]):
+        return Text("child done", input_tokens=5000, output_tokens=10)
+    if not request.tool_uses:
+        arguments = {"profile": "claude", "message": "CHILD-TASK: answer", "waitSeconds": 50}
+        return ToolCall(DELEGATE, arguments, text="delegating", **SMALL)
+    return Text("root done", **SMALL)
+
+
+async def until(check, timeout=90.0, what=""):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not (result := await check()):
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.2)
+    return result
+
+
+async def paused_tree(decision: dict, daphne_server, tmp_path, operator) -> tuple[Run, dict]:
+    """Run the tree to its budget, decide the inbox item with ``decision``; the root at its
+    end and the budget item as REST showed it while pending."""
+    _runner, token = await sync_to_async(tokens.create_runner)("claude-budget")
+    bearer = await sync_to_async(api_token)(operator)
+    with ModelStub(script) as stub:
+        preset = offline_claude_preset(stub.url, tmp_path / "home")
+        engine = CommandEngine([CommandPreset.from_config(preset)], str(tmp_path))
+        host = RunnerHost(
+            daphne_server.ws_url, token, engine, extension_id="cb", client_options=FAST
+        )
+        headers = {"Authorization": f"Bearer {bearer}"}
+        async with (
+            host,
+            httpx.AsyncClient(base_url=daphne_server.http_url, headers=headers, timeout=30) as http,
+        ):
+            budget = {"maxTokens": 1000, "onLimit": "pause"}
+            root = await host.open_root("ROOT-TASK: delegate", profile="claude", budget=budget)
+
+            async def pending():
+                page = (await http.get("/api/approvals", params={"status": "pending"})).json()
+                return next((a for a in page["items"] if a["kind"] == "budget"), None)
+
+            item = await until(pending, what="the budget item in the inbox")
+            status = (await http.get(f"/api/runs/{root.run_id}")).json()["status"]
+            assert status == "paused", status
+            url = f"/api/approvals/{item['approvalId']}/decision"
+            answer = await http.post(url, json=decision)
+            assert answer.status_code == 200, answer.text
+            await host.wait(root.run_id, timeout=90)
+    return await sync_to_async(Run.objects.get)(run_id=root.run_id), item
+
+
+async def test_a_real_claude_code_tree_pauses_at_its_budget_and_resumes_when_raised(
+    daphne_server, tmp_path, operator
+):
+    raise_it = {"decision": "allow", "updatedInput": {"limits": {"maxTokens": 100000}}}
+    root, item = await paused_tree(raise_it, daphne_server, tmp_path, operator)
+    assert item["input"]["limit"] == "maxTokens"
+    assert root.status == "succeeded", root.error
+    assert root.output == "root done"
+
+
+async def test_a_real_claude_code_tree_paused_at_its_budget_is_cancelled_when_denied(
+    daphne_server, tmp_path, operator
+):
+    root, _item = await paused_tree({"decision": "deny"}, daphne_server, tmp_path, operator)
+    assert root.status == "cancelled", root.status
