@@ -42,7 +42,7 @@ from dashboard.api.schemas.common import (
 from dashboard.api.schemas.runs import EventPage, RunDetail, RunPage, SteerReceiptList, TreeNode
 from delegation import selectors
 from delegation.models import RunStatus
-from delegation.selectors.forks import fork_links
+from delegation.selectors.forks import run_links
 
 router = Router(tags=["runs"])
 
@@ -205,8 +205,7 @@ def get_run(request, runId: str):  # noqa: N803
         createdAt=run.created_at,
         updatedAt=run.updated_at,
         finishedAt=run.finished_at,
-        **selectors.relaunch_links(run),
-        **fork_links(run),
+        **run_links(run),
     )
     result["usage"], result["budget"] = selectors.usage_of_run(run)
     return result

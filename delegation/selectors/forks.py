@@ -2,21 +2,40 @@
 
 from __future__ import annotations
 
+from django.db.models import Q
+
 from delegation.models import Event, Run
 
 
 def fork_links(run: Run) -> dict:
     """Which run (and step) this one was forked from, and the runs forked from it."""
+    links = run_links(run)
+    return {"forkedFrom": links["forkedFrom"], "forks": links["forks"]}
+
+
+def run_links(run: Run) -> dict:
+    """REST's links of a run: relaunched from and relaunches, forked from and forks, the runs
+    made from it read in one query (a run's detail keeps a fixed number of queries)."""
     forked_from = None
     if run.forked_from_id:
         forked_from = {"runId": run.forked_from.run_id, "sequence": run.forked_from_sequence}
-    forks = [
-        {"runId": run_id, "sequence": seq}
-        for run_id, seq in Run.objects.filter(forked_from=run)
+    made = (
+        Run.objects.filter(Q(relaunched_from=run) | Q(forked_from=run))
         .order_by("created_at", "id")
-        .values_list("run_id", "forked_from_sequence")
-    ]
-    return {"forkedFrom": forked_from, "forks": forks}
+        .values_list("run_id", "relaunched_from_id", "forked_from_id", "forked_from_sequence")
+    )
+    relaunches, forks = [], []
+    for run_id, relaunched_from, forked_from_pk, step in made:
+        if relaunched_from == run.pk:
+            relaunches.append(run_id)
+        if forked_from_pk == run.pk:
+            forks.append({"runId": run_id, "sequence": step})
+    return {
+        "relaunchedFrom": run.relaunched_from.run_id if run.relaunched_from_id else None,
+        "relaunches": relaunches,
+        "forkedFrom": forked_from,
+        "forks": forks,
+    }
 
 
 def child_fork_step(run: Run) -> int | None:
