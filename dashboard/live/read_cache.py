@@ -22,10 +22,10 @@ def read_off_thread(function):
 
 def _run_delta(run_pk: int, after: int, limit: int):
     metrics.LIVE_READS.inc()
-    run = selectors.get_run_by_pk(run_pk)
-    if run is None:
+    state = selectors.live_run_state(run_pk)
+    if state is None:
         return None, []
-    return selectors.run_state(run), selectors.live_events_after(run_pk, after, limit)
+    return state, selectors.live_events_page(run_pk, after, limit)
 
 
 _heads: dict[int, int] = {}

@@ -15,10 +15,10 @@ from delegation.selectors.events import (
     events_after,
     live_event,
     live_event_row,
-    live_events_after,
     millis,
 )
 from delegation.selectors.leases import get_lease, leases_held_by, leases_matching
+from delegation.selectors.live import live_events_page, live_run_state
 from delegation.selectors.overview import overview_numbers
 from delegation.selectors.runners import (
     fence_states,
@@ -35,7 +35,6 @@ from delegation.selectors.runs import (
     RESULT_RELATED,
     child_counts,
     get_run,
-    get_run_by_pk,
     newest_running_root_id,
     relaunch_links,
     root_profiles,
@@ -104,7 +103,6 @@ __all__ = [
     "usage_shape",
     "usage_values",
     "get_lease",
-    "get_run_by_pk",
     "launch_choices",
     "leases_held_by",
     "leases_matching",
@@ -112,7 +110,8 @@ __all__ = [
     "live_descendants",
     "live_event",
     "live_event_row",
-    "live_events_after",
+    "live_events_page",
+    "live_run_state",
     "millis",
     "newest_running_root_id",
     "presets_of_runner",

@@ -64,12 +64,6 @@ def events_after(run: Run, after: int = 0, limit: int | None = None, kinds=None)
     return list(events)
 
 
-def live_events_after(run_pk: int, after: int, limit: int) -> list[dict]:
-    """Up to ``limit`` events of the run after ``after``, in the live socket's shape."""
-    events = Event.objects.filter(run_id=run_pk, sequence__gt=after).order_by("sequence")[:limit]
-    return [live_event(event) for event in events]
-
-
 def event_export_page(run_pks, after: tuple[int, int], size: int) -> list[tuple]:
     """The next ``size`` events of ``run_pks`` after (run pk, sequence), as tuples.
 

@@ -58,10 +58,6 @@ def get_run(run_id: str) -> Run | None:
     return Run.objects.select_related(*RESULT_RELATED).filter(run_id=run_id).first()
 
 
-def get_run_by_pk(run_pk: int) -> Run | None:
-    return Run.objects.select_related(*RESULT_RELATED).filter(pk=run_pk).first()
-
-
 def run_for_detail(run_id: str) -> Run | None:
     """One run with everything its REST detail shows, in one query."""
     return (
