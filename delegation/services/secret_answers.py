@@ -4,7 +4,8 @@ SPEC §15): the operator's answer reaches the extension and is stored nowhere a 
 The approval, its ``approval-decided`` event and the audit entry keep ``SECRET_ANSWER`` in its
 place. The ``approval.decided`` command must carry the answer itself to the runner, and the
 outbox keeps it only until the runner has answered that command (it is resent across
-reconnects until then): then the command's copy is replaced too.
+reconnects until then): then the command's copy is replaced too. A command never answered
+(its run lost first) keeps it until retention deletes the run.
 """
 
 from __future__ import annotations
