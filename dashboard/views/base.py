@@ -1,5 +1,5 @@
 """What every page shares: the role gate, the page context, a refusal as a page, the run
-lookups that answer 404 or 410, and the filters' time windows."""
+lookups that answer 404 or 410, an action form's reason, and the filters' time windows."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
+from dashboard.views.form_errors import NUL_STATUS, nul_message
 from delegation import roles, selectors
 from delegation.errors import PermissionRefused, RpcError, http_status
 from delegation.models import Run, RunStatus
@@ -106,3 +107,17 @@ def actor_of(request) -> Actor:
 def redirect_done(request, run: Run, message: str, level=messages.SUCCESS):
     messages.add_message(request, level, message)
     return redirect("run", run.run_id)
+
+
+REASON_MAX = 500
+
+
+def form_reason(request, *, done: str):
+    """``(reason, None)`` for an action form's optional ``reason`` (trimmed, at most
+    ``REASON_MAX`` characters; empty: "<done> from the dashboard by <user>", so the audit says
+    who), or ``("", refusal page)`` when it holds NUL, at the status REST refuses it with."""
+    reason = request.POST.get("reason", "")
+    if "\x00" in reason:  # REST refuses NUL (issue 38)
+        return "", refuse(request, nul_message("reason"), status=NUL_STATUS)
+    default = f"{done} from the dashboard by {request.user.get_username()}"
+    return reason.strip()[:REASON_MAX] or default, None

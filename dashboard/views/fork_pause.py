@@ -11,7 +11,14 @@ from django.contrib import messages
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from dashboard.views.base import actor_of, redirect_done, refused, run_or_404, viewer_required
+from dashboard.views.base import (
+    actor_of,
+    form_reason,
+    redirect_done,
+    refused,
+    run_or_404,
+    viewer_required,
+)
 from dashboard.views.form_errors import NUL_STATUS, nul_message, refusal
 from dashboard.views.runs import run_context
 from delegation.errors import PermissionRefused, RpcError
@@ -59,10 +66,9 @@ def run_fork(request, run_id):
 def _pause_or_resume(request, run_id, verb: str):
     run = run_or_404(run_id)
     subtree = request.POST.get("subtree") in ("1", "true", "on")
-    reason = request.POST.get("reason", "")
-    if "\x00" in reason:
-        return refused(request, RpcError(-32602, nul_message("reason")))
-    reason = reason.strip()[:500] or f"{verb}d from the dashboard by {request.user.get_username()}"
+    reason, nul_page = form_reason(request, done=f"{verb}d")
+    if nul_page is not None:
+        return nul_page
     act = do_pause_run if verb == "pause" else do_resume_run
     try:
         report = act(actor_of(request), run, reason=reason, subtree=subtree)

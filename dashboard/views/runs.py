@@ -10,16 +10,15 @@ from django.views.decorators.http import require_GET, require_POST
 
 from dashboard.views.base import (
     actor_of,
+    form_reason,
     millis,
     page_context,
     purged_page,
     redirect_done,
-    refuse,
     refused,
     run_or_404,
     viewer_required,
 )
-from dashboard.views.form_errors import nul_message
 from delegation import selectors
 from delegation.errors import PermissionRefused, RpcError
 from delegation.models import Run
@@ -151,12 +150,9 @@ def _usage_context(run: Run) -> dict:
 def run_cancel(request, run_id):
     run = run_or_404(run_id)
     cascade = request.POST.get("cascade") in ("1", "true", "on")
-    reason = request.POST.get("reason", "")
-    if "\x00" in reason:  # REST refuses NUL (issue 38)
-        return refuse(request, nul_message("reason"), status=422)
-    reason = reason.strip()[:500] or (
-        f"cancelled from the dashboard by {request.user.get_username()}"
-    )
+    reason, nul_page = form_reason(request, done="cancelled")
+    if nul_page is not None:
+        return nul_page
     try:
         report = do_cancel_run(actor_of(request), run, reason=reason, cascade=cascade)
     except (PermissionRefused, RpcError) as exc:

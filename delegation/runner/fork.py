@@ -91,13 +91,13 @@ def copy_transcript(
         # Nothing reached through a link the parent's agent may have planted.
         if not os.path.realpath(found).startswith(root + os.sep):
             continue
-        data = _read_regular(found)
+        data = read_regular_file(found)
         if data is None:
             continue
         if fmt == GEMINI:
             if not _names_session(data, session):
                 continue  # another session whose id starts alike
-            _write(os.path.join(target, *GEMINI_COPY), f"{session}.jsonl", data)
+            write_private_file(os.path.join(target, *GEMINI_COPY), f"{session}.jsonl", data)
             copied += 1
             break
         if fmt == CODEX:
@@ -107,7 +107,7 @@ def copy_transcript(
             if cwd:
                 places.add(os.path.join(*parts[:2], project_dir(cwd)))
         for place in places:
-            _write(os.path.join(target, place), os.path.basename(found), data)
+            write_private_file(os.path.join(target, place), os.path.basename(found), data)
             copied += 1
     if owner:
         for dirpath, _dirs, files in os.walk(os.path.join(target, parts[0])):
@@ -125,7 +125,9 @@ def _names_session(data: bytes, session: str) -> bool:
     return isinstance(first, dict) and first.get("sessionId") == session
 
 
-def _read_regular(path: str) -> bytes | None:
+def read_regular_file(path: str) -> bytes | None:
+    """A regular file's bytes (at most ``MAX_TRANSCRIPT``), or None when it is missing, a link
+    or not a regular file: the agent wrote these directories and may have planted either."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
@@ -136,7 +138,9 @@ def _read_regular(path: str) -> bytes | None:
         return fh.read(MAX_TRANSCRIPT)
 
 
-def _write(directory: str, name: str, data: bytes) -> None:
+def write_private_file(directory: str, name: str, data: bytes) -> None:
+    """Write ``data`` as a new owner-only file ``name`` in ``directory`` (made 0700 if
+    missing), replacing what is there without following a link planted in its place."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
     path = os.path.join(directory, name)
     with contextlib.suppress(FileNotFoundError):

@@ -62,14 +62,14 @@ def keep(store: str, session: str, agent_home: str, anchors: list) -> bool:
     for found in glob.glob(pattern):
         if not os.path.realpath(found).startswith(root + os.sep):
             continue  # nothing reached through a link the agent may have planted
-        data = fork._read_regular(found)
+        data = fork.read_regular_file(found)
         if data is None:
             continue
         os.makedirs(store, mode=0o700, exist_ok=True)
         _prune(store)
-        fork._write(store, f"{session}.jsonl", data)
+        fork.write_private_file(store, f"{session}.jsonl", data)
         body = json.dumps([[index, anchor] for index, anchor in anchors]).encode()
-        fork._write(store, f"{session}.anchors.json", body)
+        fork.write_private_file(store, f"{session}.anchors.json", body)
         return True
     return False
 
@@ -81,7 +81,7 @@ def resolve(store: str, fork_from: dict) -> tuple[str, bytes, str | None]:
     source = fork_from.get("runId") or "?"
     if not _SESSION.match(session):
         raise ForkRefused(f"forkFrom: run {source} has no agent session to fork")
-    data = fork._read_regular(os.path.join(store, f"{session}.jsonl"))
+    data = fork.read_regular_file(os.path.join(store, f"{session}.jsonl"))
     if data is None:
         raise ForkRefused(
             f"forkFrom: this runner kept no transcript of run {source} (session {session}); "
@@ -91,7 +91,7 @@ def resolve(store: str, fork_from: dict) -> tuple[str, bytes, str | None]:
     index = fork_from.get("runnerIndex")
     if index is None:
         return session, data, None
-    raw = fork._read_regular(os.path.join(store, f"{session}.anchors.json")) or b"[]"
+    raw = fork.read_regular_file(os.path.join(store, f"{session}.anchors.json")) or b"[]"
     anchors = [(int(i), str(a)) for i, a in json.loads(raw)]
     at = None
     for i, anchor in anchors:
@@ -111,7 +111,7 @@ def place(data: bytes, session: str, agent_home: str, cwd: str, owner=None) -> N
     directory = os.path.join(agent_home, ".claude", "projects", fork.project_dir(cwd))
     if os.path.exists(os.path.join(directory, f"{session}.jsonl")):
         return  # an unsandboxed agent's own copy
-    fork._write(directory, f"{session}.jsonl", data)
+    fork.write_private_file(directory, f"{session}.jsonl", data)
     if owner:
         for dirpath, _dirs, files in os.walk(os.path.join(agent_home, ".claude")):
             for path in [dirpath, *(os.path.join(dirpath, f) for f in files)]:

@@ -6,7 +6,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from delegation.models import AuditEntry, Command, Runner, RunStatus, SteerReceipt
-from delegation.services import rollups
+from delegation.services import rollups, secret_answers
 from delegation.services.base import lock_run, store_server_event
 from delegation.services.identity import Connection
 from delegation.services.lifecycle import mark_finished
@@ -99,4 +99,5 @@ ANSWER_HANDLERS = {
     Command.Method.CHILD_EXECUTE: _execute_answered,
     Command.Method.RUN_EXECUTE: _execute_answered,
     Command.Method.RUN_STEER: _steer_answered,
+    Command.Method.APPROVAL_DECIDED: secret_answers.forget_delivered_answer,
 }

@@ -26,6 +26,7 @@ from delegation.services.base import lock_run, store_server_event
 from delegation.services.identity import Actor
 from delegation.services.locks import retry_conflicts
 from delegation.services.outbox import enqueue
+from delegation.services.secret_answers import stored_message
 from delegation.wire import canonical, parse_model, utf8_len
 from delegation.wire.approvals import Policy
 
@@ -194,7 +195,9 @@ def decide(
     scope: str = "once",
     status: str = ApprovalStatus.DECIDED,
 ) -> None:
-    """Record the one decision; the caller holds ``run`` and ``approval`` locked."""
+    """Record the one decision; the caller holds ``run`` and ``approval`` locked. Only the
+    runner's command carries a secret answer (see ``secret_answers``)."""
+    answer, message = message, stored_message(approval, message)
     approval.status = status
     approval.decision = decision
     approval.message = message
@@ -232,8 +235,8 @@ def decide(
     )
     if approval.via == VIA_RUNNER:
         params = {"approvalId": approval.approval_id, "runId": run.run_id, "decision": decision}
-        if message:
-            params["message"] = message
+        if answer:
+            params["message"] = answer
         if decision == "allow":
             params["updatedInput"] = approved_input(approval)
         enqueue(run.runner_id, Command.Method.APPROVAL_DECIDED, params, run=run)
@@ -331,7 +334,7 @@ def _decide_by_operator(actor, approval, run, rule_run, decision, message, updat
         "approval",
         approval.approval_id,
         decision,
-        reason=message,
+        reason=approval.message,  # a secret answer's stand-in (see decide)
         detail={
             "runId": run.run_id,
             "toolName": approval.tool_name,

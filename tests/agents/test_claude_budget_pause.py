@@ -6,20 +6,13 @@ the root, which finishes succeeded; denying it cancels the tree."""
 
 from __future__ import annotations
 
-import asyncio
-
-import httpx
 import pytest
 from asgiref.sync import sync_to_async
 
 from delegation.models import Run
-from delegation.runner.command import CommandEngine, CommandPreset
-from delegation.runner.host import RunnerHost
-from delegation.runner.model_stub import ModelStub, Text, ToolCall
-from delegation.services import tokens
-from tests.support.personas import api_token
-from tests.support.real_agents import offline_claude_preset
-from tests.support.runners import FAST
+from delegation.runner.model_stub import Text, ToolCall
+from tests.support.agents.delegating import wait_for
+from tests.support.real_agents import claude_over_rest
 
 pytestmark = [
     pytest.mark.usefixtures("no_declared_level", "close_worker_connections"),
@@ -42,45 +35,26 @@ def script(request):
     return Text("root done", **SMALL)
 
 
-async def until(check, timeout=90.0, what=""):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not (result := await check()):
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.2)
-    return result
-
-
 async def paused_tree(decision: dict, daphne_server, tmp_path, operator) -> tuple[Run, dict]:
     """Run the tree to its budget, decide the inbox item with ``decision``; the root at its
     end and the budget item as REST showed it while pending."""
-    _runner, token = await sync_to_async(tokens.create_runner)("claude-budget")
-    bearer = await sync_to_async(api_token)(operator)
-    with ModelStub(script) as stub:
-        preset = offline_claude_preset(stub.url, tmp_path / "home")
-        engine = CommandEngine([CommandPreset.from_config(preset)], str(tmp_path))
-        host = RunnerHost(
-            daphne_server.ws_url, token, engine, extension_id="cb", client_options=FAST
-        )
-        headers = {"Authorization": f"Bearer {bearer}"}
-        async with (
-            host,
-            httpx.AsyncClient(base_url=daphne_server.http_url, headers=headers, timeout=30) as http,
-        ):
-            budget = {"maxTokens": 1000, "onLimit": "pause"}
-            root = await host.open_root("ROOT-TASK: delegate", profile="claude", budget=budget)
+    async with claude_over_rest(
+        script, server=daphne_server, tmp_path=tmp_path, operator=operator, name="claude-budget"
+    ) as (host, http):
+        budget = {"maxTokens": 1000, "onLimit": "pause"}
+        root = await host.open_root("ROOT-TASK: delegate", profile="claude", budget=budget)
 
-            async def pending():
-                page = (await http.get("/api/approvals", params={"status": "pending"})).json()
-                return next((a for a in page["items"] if a["kind"] == "budget"), None)
+        async def pending():
+            page = (await http.get("/api/approvals", params={"status": "pending"})).json()
+            return next((a for a in page["items"] if a["kind"] == "budget"), None)
 
-            item = await until(pending, what="the budget item in the inbox")
-            status = (await http.get(f"/api/runs/{root.run_id}")).json()["status"]
-            assert status == "paused", status
-            url = f"/api/approvals/{item['approvalId']}/decision"
-            answer = await http.post(url, json=decision)
-            assert answer.status_code == 200, answer.text
-            await host.wait(root.run_id, timeout=90)
+        item = await wait_for(pending, what="the budget item in the inbox")
+        status = (await http.get(f"/api/runs/{root.run_id}")).json()["status"]
+        assert status == "paused", status
+        url = f"/api/approvals/{item['approvalId']}/decision"
+        answer = await http.post(url, json=decision)
+        assert answer.status_code == 200, answer.text
+        await host.wait(root.run_id, timeout=90)
     return await sync_to_async(Run.objects.get)(run_id=root.run_id), item
 
 

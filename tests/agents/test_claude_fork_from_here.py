@@ -9,18 +9,12 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import pytest
 from asgiref.sync import sync_to_async
 
 from delegation.models import Event, Run
-from delegation.runner.command import CommandEngine, CommandPreset
-from delegation.runner.host import RunnerHost
-from delegation.runner.model_stub import ModelStub, Text, ToolCall
-from delegation.services import tokens
-from tests.support.personas import api_token
-from tests.support.real_agents import offline_claude_preset
-from tests.support.runners import FAST
+from delegation.runner.model_stub import Text, ToolCall
+from tests.support.real_agents import claude_over_rest
 
 pytestmark = [
     pytest.mark.usefixtures("no_declared_level", "close_worker_connections"),
@@ -68,50 +62,42 @@ async def test_an_operator_forks_a_finished_claude_code_run_from_a_step(
     daphne_server, tmp_path, operator
 ):
     script = Script()
-    _runner, token = await sync_to_async(tokens.create_runner)("claude-fork-here")
-    bearer = await sync_to_async(api_token)(operator)
     read = sync_to_async(lambda run_id: Run.objects.get(run_id=run_id))
     step_of = sync_to_async(
         lambda run_id, kind: Event.objects.get(run__run_id=run_id, kind=kind).sequence
     )
-    with ModelStub(script) as stub:
-        preset = offline_claude_preset(stub.url, tmp_path / "home")
-        engine = CommandEngine([CommandPreset.from_config(preset)], str(tmp_path))
-        engine.session_store = str(tmp_path / "kept")
-        host = RunnerHost(
-            daphne_server.ws_url, token, engine, extension_id="cf", client_options=FAST
+    async with claude_over_rest(
+        script,
+        server=daphne_server,
+        tmp_path=tmp_path,
+        operator=operator,
+        name="claude-fork-here",
+        session_store=str(tmp_path / "kept"),
+    ) as (host, http):
+        root = await host.open_root(f"Remember {FIRST}, then list the profiles.", profile="claude")
+        await host.wait(root.run_id, timeout=120)
+        original = await read(root.run_id)
+        assert original.status == "succeeded", original.error
+        assert LATER in original.output
+        step = await step_of(root.run_id, "tool-result")
+
+        answer = await http.post(
+            f"/api/runs/{root.run_id}/fork",
+            json={"sequence": step, "message": "FORK-AT-STEP: which word came first?"},
         )
-        headers = {"Authorization": f"Bearer {bearer}"}
-        async with (
-            host,
-            httpx.AsyncClient(base_url=daphne_server.http_url, headers=headers, timeout=30) as http,
-        ):
-            root = await host.open_root(
-                f"Remember {FIRST}, then list the profiles.", profile="claude"
-            )
-            await host.wait(root.run_id, timeout=120)
-            original = await read(root.run_id)
-            assert original.status == "succeeded", original.error
-            assert LATER in original.output
-            step = await step_of(root.run_id, "tool-result")
+        assert answer.status_code == 201, answer.text
+        at_step = answer.json()["runId"]
+        await finished(at_step)
 
-            answer = await http.post(
-                f"/api/runs/{root.run_id}/fork",
-                json={"sequence": step, "message": "FORK-AT-STEP: which word came first?"},
-            )
-            assert answer.status_code == 201, answer.text
-            at_step = answer.json()["runId"]
-            await finished(at_step)
+        answer = await http.post(
+            f"/api/runs/{root.run_id}/fork", json={"message": "FORK-AT-END: and then?"}
+        )
+        assert answer.status_code == 201, answer.text
+        at_end = answer.json()["runId"]
+        await finished(at_end)
 
-            answer = await http.post(
-                f"/api/runs/{root.run_id}/fork", json={"message": "FORK-AT-END: and then?"}
-            )
-            assert answer.status_code == 201, answer.text
-            at_end = answer.json()["runId"]
-            await finished(at_end)
-
-            fork_detail = (await http.get(f"/api/runs/{at_step}")).json()
-            original_detail = (await http.get(f"/api/runs/{root.run_id}")).json()
+        fork_detail = (await http.get(f"/api/runs/{at_step}")).json()
+        original_detail = (await http.get(f"/api/runs/{root.run_id}")).json()
 
     for run_id in (at_step, at_end):
         run = await read(run_id)

@@ -9,19 +9,14 @@ from __future__ import annotations
 import asyncio
 import threading
 
-import httpx
 import pytest
 from asgiref.sync import sync_to_async
 
 from delegation.models import Run
 from delegation.runner import process as proc
-from delegation.runner.command import CommandEngine, CommandPreset
-from delegation.runner.host import RunnerHost
-from delegation.runner.model_stub import ModelStub, Text
-from delegation.services import tokens
-from tests.support.personas import api_token
-from tests.support.real_agents import offline_claude_preset
-from tests.support.runners import FAST
+from delegation.runner.model_stub import Text
+from tests.support.agents.delegating import wait_for
+from tests.support.real_agents import claude_over_rest
 
 pytestmark = [
     pytest.mark.usefixtures("no_declared_level", "close_worker_connections"),
@@ -56,55 +51,38 @@ def agent_states(process) -> set[str]:
     return {state(pid) for pid in proc.members(process.pid) if pid != process.pid}
 
 
-async def until(check, timeout=60.0, what=""):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not (result := await check()):
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
-    return result
-
-
 async def test_it_stops_claude_code_while_paused_and_it_finishes_after_resume(
     daphne_server, tmp_path, operator
 ):
     script = HeldScript()
-    _runner, token = await sync_to_async(tokens.create_runner)("claude-pause")
-    bearer = await sync_to_async(api_token)(operator)
     read = sync_to_async(lambda run_id: Run.objects.get(run_id=run_id))
-    with ModelStub(script) as stub:
-        preset = offline_claude_preset(stub.url, tmp_path / "home")
-        engine = CommandEngine([CommandPreset.from_config(preset)], str(tmp_path))
-        host = RunnerHost(
-            daphne_server.ws_url, token, engine, extension_id="cp", client_options=FAST
+    async with claude_over_rest(
+        script, server=daphne_server, tmp_path=tmp_path, operator=operator, name="claude-pause"
+    ) as (host, http):
+        root = await host.open_root("PAUSE-ME: answer once asked", profile="claude")
+        await wait_for(
+            lambda: asyncio.to_thread(script.held.is_set), timeout=60, what="the model turn"
         )
-        headers = {"Authorization": f"Bearer {bearer}"}
-        async with (
-            host,
-            httpx.AsyncClient(base_url=daphne_server.http_url, headers=headers, timeout=30) as http,
-        ):
-            root = await host.open_root("PAUSE-ME: answer once asked", profile="claude")
-            await until(lambda: asyncio.to_thread(script.held.is_set), what="the model turn")
-            process = root.data["process"]
-            answer = await http.post(f"/api/runs/{root.run_id}/pause", json={"reason": "wait"})
-            assert answer.json()["outcome"] == "paused", answer.text
+        process = root.data["process"]
+        answer = await http.post(f"/api/runs/{root.run_id}/pause", json={"reason": "wait"})
+        assert answer.json()["outcome"] == "paused", answer.text
 
-            async def stopped():
-                states = agent_states(process)
-                return states and states == {"T"}
+        async def stopped():
+            states = agent_states(process)
+            return states and states == {"T"}
 
-            await until(stopped, what="every Claude Code process in state T")
-            held = (await read(root.run_id)).last_sequence
-            script.released.set()  # the model answers a stopped agent
-            await asyncio.sleep(1.5)
-            run = await read(root.run_id)
-            assert run.last_sequence == held and run.status == "paused"
-            assert agent_states(process) == {"T"}
+        await wait_for(stopped, timeout=60, what="every Claude Code process in state T")
+        held = (await read(root.run_id)).last_sequence
+        script.released.set()  # the model answers a stopped agent
+        await asyncio.sleep(1.5)
+        run = await read(root.run_id)
+        assert run.last_sequence == held and run.status == "paused"
+        assert agent_states(process) == {"T"}
 
-            answer = await http.post(f"/api/runs/{root.run_id}/resume")
-            assert answer.json()["outcome"] == "resumed", answer.text
-            await host.wait(root.run_id, timeout=90)
-            run = await read(root.run_id)
+        answer = await http.post(f"/api/runs/{root.run_id}/resume")
+        assert answer.json()["outcome"] == "resumed", answer.text
+        await host.wait(root.run_id, timeout=90)
+        run = await read(root.run_id)
     assert run.status == "succeeded", run.error
     assert run.output == "finished after the pause"
     assert run.paused_seconds >= 1.5

@@ -71,6 +71,10 @@ def test_an_operator_forks_a_run_from_a_step_and_pauses_another(server, runner, 
     assert page.locator("[data-action=pause]").count() == 1
     actions = set(AuditEntry.objects.values_list("action", flat=True))
     assert {"pause", "resume", "launch"} <= actions
+    # No reason typed: the audit says who, from where.
+    reasons = dict(AuditEntry.objects.filter(target_id="live-1").values_list("action", "reason"))
+    by = f"from the dashboard by {operator.username}"
+    assert (reasons["pause"], reasons["resume"]) == (f"paused {by}", f"resumed {by}")
 
 
 def test_an_operator_pauses_and_resumes_a_subtree_from_the_trees_side_pane(

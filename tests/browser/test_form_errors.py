@@ -83,6 +83,8 @@ def test_it_refuses_nul_in_browser_forms_as_rest_does(server, runner, browser, o
     for path, data in (
         ("/runs/nul-1/budget/", {"maxLive": "2", "reason": "a\x00b"}),
         ("/runs/nul-1/cancel/", {"reason": "a\x00b"}),
+        ("/runs/nul-1/pause/", {"reason": "a\x00b"}),
+        ("/runs/nul-1/resume/", {"reason": "a\x00b"}),
     ):
         token = page.input_value("#budget-form [name=csrfmiddlewaretoken]")
         answer = page.request.post(

@@ -28,10 +28,10 @@ pytestmark = [pytest.mark.django_db(transaction=True), needs_chromium, pytest.ma
 PROBE = ExtensionSpec((sys.executable, str(AGENTS / "kodelet_probe.py")))
 
 
-def _host(server, token, shared: dict) -> None:
+def _host(server, token, shared: dict, asked: dict) -> None:
     inner = ToolScriptEngine()
     engine = ExtensionHosting(inner, {"boss": (PROBE,)})
-    script = [{"tool": "name_it", "input": {"title": "Name the next release"}}]
+    script = [{"tool": "name_it", "input": asked}]
 
     async def drive():
         async with RunnerHost(server.ws_url, token, engine, client_options=FAST) as host:
@@ -46,30 +46,57 @@ def _host(server, token, shared: dict) -> None:
         shared["error"] = repr(exc)
 
 
-def test_an_operator_answers_an_extensions_question_in_the_inbox(server, browser, operator):
-    from delegation.models import Approval
-
+def asked_in_the_inbox(server, browser, operator, shared: dict, asked: dict):
+    """(the hosting thread, the question's card): the probe asks ``ui.input`` with ``asked``
+    on a runner in a thread (its run and results go in ``shared``) and the operator, signed
+    in, sees the card in the inbox."""
     _runner, token = tokens.create_runner("kodelet-question")
-    shared: dict = {}
-    thread = threading.Thread(target=_host, args=(server, token, shared), daemon=True)
+    thread = threading.Thread(target=_host, args=(server, token, shared, asked), daemon=True)
     thread.start()
     page = browser()
     sign_in(page, server.http_url, operator.username, PASSWORD)
     page.goto(f"{server.http_url}/approvals/")
-    card = page.locator("#approvals [data-approval-id]", has_text="Name the next release")
+    card = page.locator("#approvals [data-approval-id]", has_text=asked["title"])
     card.locator("[data-action=allow]").wait_for(timeout=30000)
+    return thread, card
+
+
+def allowed_with(card, text: str, thread, shared: dict):
+    """(the tool's result, the stored approval) once the operator answered ``text``."""
+    from delegation.models import Approval
+
+    card.locator("[name=message]").fill(text)
+    card.locator("[data-action=allow]").click()
+    card.locator("[data-role=outcome]:has-text('allow by operator:')").wait_for()
+    thread.join(60)
+    assert "error" not in shared, shared
+    [result] = shared["results"]
+    return result, Approval.objects.get(run__run_id=shared["root"])
+
+
+def test_an_operator_answers_an_extensions_question_in_the_inbox(server, browser, operator):
+    shared: dict = {}
+    thread, card = asked_in_the_inbox(
+        server, browser, operator, shared, {"title": "Name the next release"}
+    )
     assert "question" in card.locator(".approval-head").inner_text()
     assert "Name the release" in card.locator("[data-field=input]").inner_text()  # its text
     assert card.locator("[data-action=allow-always]").count() == 0
     assert card.locator("[data-action=edit]").count() == 0
     answer = card.locator("[name=message]")
     assert "answer" in (answer.get_attribute("placeholder") or "").lower()
-    answer.fill("Aspen")
-    card.locator("[data-action=allow]").click()
-    card.locator("[data-role=outcome]:has-text('allow by operator:')").wait_for()
-    thread.join(60)
-    assert "error" not in shared, shared
-    [result] = shared["results"]
+    result, asked = allowed_with(card, "Aspen", thread, shared)
     assert result["result"]["content"] == "named=Aspen", result
-    [asked] = Approval.objects.filter(run__run_id=shared["root"])
     assert (asked.kind, asked.decision, asked.message) == ("question", "allow", "Aspen")
+
+
+def test_an_operator_answers_a_secret_question_in_a_masked_field(server, browser, operator):
+    shared: dict = {}
+    thread, card = asked_in_the_inbox(
+        server, browser, operator, shared, {"title": "Deploy key", "secret": True}
+    )
+    answer = card.locator("[name=message]")
+    assert answer.get_attribute("type") == "password"
+    result, stored = allowed_with(card, "s3cret-Aspen", thread, shared)
+    assert result["result"]["content"].startswith("secret sha256="), result
+    assert stored.message == "(secret)"

@@ -80,7 +80,10 @@ function card(a, canAct) {
   // and "allow always" would answer every later question with nothing.
   const question = a.kind === "question";
   const placeholder = question ? "Your answer (the text, or one of the options), then Allow" : "Why (shown to the agent on deny)";
-  const message = el("input", { type: "text", name: "message", placeholder, "aria-label": question ? "Answer" : "Message", maxlength: "10000" });
+  // A secret input (kodelet's ui.input with secret: true) is masked; Canopy stores "(secret)".
+  const secret = question && a.input?.secret === true;
+  const message = el("input", { type: secret ? "password" : "text", name: "message", placeholder, "aria-label": question ? "Answer" : "Message", maxlength: "10000" });
+  if (secret) message.setAttribute("autocomplete", "off");
   // "Edit, then allow" only where the door runs the edit (an ACP agent takes an option id
   // only): the server refuses an edit there anyway, so the card does not offer one.
   const canEdit = a.canEdit !== false;

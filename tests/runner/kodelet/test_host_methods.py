@@ -6,8 +6,10 @@ extension that dies is started again while its tools say so (SPEC §15)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import sys
+from contextlib import asynccontextmanager
 
 import httpx
 import pytest
@@ -30,6 +32,22 @@ pytestmark = [
 PROBE = ExtensionSpec((sys.executable, str(AGENTS / "kodelet_probe.py")))
 
 
+@asynccontextmanager
+async def probe_host(server, operator_token: str, name: str):
+    """``(inner, host, http)``: the probe extension hosted for preset ``boss`` on a runner
+    registered as ``name`` (``inner`` runs the tool script and keeps its results), and an
+    operator's REST client."""
+    inner = ToolScriptEngine()
+    engine = ExtensionHosting(inner, {"boss": (PROBE,)})
+    _runner, token = await sync_to_async(tokens.create_runner)(name)
+    auth = {"Authorization": f"Bearer {operator_token}"}
+    async with (
+        RunnerHost(server.ws_url, token, engine, client_options=FAST) as host,
+        httpx.AsyncClient(base_url=server.http_url, headers=auth, timeout=30) as http,
+    ):
+        yield inner, host, http
+
+
 async def pending(http, title: str) -> dict:
     """The pending question with that title, once it is in the inbox."""
     for _ in range(300):
@@ -44,8 +62,6 @@ async def pending(http, title: str) -> dict:
 async def test_it_maps_confirm_update_notify_and_restarts_a_dead_extension(
     daphne_server, operator_token
 ):
-    inner = ToolScriptEngine()
-    engine = ExtensionHosting(inner, {"boss": (PROBE,)})
     script = [
         {"tool": "ask", "input": {"question": "Ship the release?"}},
         {"tool": "pick"},
@@ -55,12 +71,8 @@ async def test_it_maps_confirm_update_notify_and_restarts_a_dead_extension(
         {"sleep": 3},
         {"tool": "pid"},
     ]
-    _runner, token = await sync_to_async(tokens.create_runner)("kodelet-probe")
-    auth = {"Authorization": f"Bearer {operator_token}"}
-    async with (
-        RunnerHost(daphne_server.ws_url, token, engine, client_options=FAST) as host,
-        httpx.AsyncClient(base_url=daphne_server.http_url, headers=auth, timeout=30) as http,
-    ):
+    hosted = probe_host(daphne_server, operator_token, "kodelet-probe")
+    async with hosted as (inner, host, http):
         root = await host.open_root(json.dumps(script), profile="boss")
         question = await pending(http, "Ship the release?")
         assert question["runId"] == root.run_id and question["kind"] == "question"
@@ -97,19 +109,13 @@ async def test_it_asks_the_operator_for_an_extensions_input_in_the_inbox(
     """``kodelet.ui.input``: one question in the inbox with the extension's text; the
     operator's message is the value the extension gets, a denial is its cancel (None). And a
     tool the extension's ``agent.init`` answer disables is neither listed nor callable."""
-    inner = ToolScriptEngine()
-    engine = ExtensionHosting(inner, {"boss": (PROBE,)})
     script = [
         {"tool": "name_it", "input": {"title": "Release name?"}},
         {"tool": "name_it", "input": {"title": "Codename?"}},
         {"tool": "hidden"},  # disabled by the probe's agent.init answer
     ]
-    _runner, token = await sync_to_async(tokens.create_runner)("kodelet-input")
-    auth = {"Authorization": f"Bearer {operator_token}"}
-    async with (
-        RunnerHost(daphne_server.ws_url, token, engine, client_options=FAST) as host,
-        httpx.AsyncClient(base_url=daphne_server.http_url, headers=auth, timeout=30) as http,
-    ):
+    hosted = probe_host(daphne_server, operator_token, "kodelet-input")
+    async with hosted as (inner, host, http):
         root = await host.open_root(json.dumps(script), profile="boss")
         question = await pending(http, "Release name?")
         assert question["runId"] == root.run_id and question["kind"] == "question"
@@ -134,3 +140,47 @@ async def test_it_asks_the_operator_for_an_extensions_input_in_the_inbox(
     assert "hidden" not in [t["name"] for t in listed["tools"]], listed
     titles = sorted(item["title"] for item in asked["items"] if item["runId"] == root.run_id)
     assert titles == ["Codename?", "Release name?"], asked  # one item each, no more
+
+
+SECRET = "hunter2-DEPLOY-KEY-7731"
+
+
+def rows_holding(text: str) -> list[str]:
+    """Every stored row a person could read (or the outbox resend) that holds ``text``."""
+    from delegation.models import Approval, AuditEntry, Command
+
+    found = []
+    for model in (Approval, Event, AuditEntry, Command):
+        for row in model.objects.values():
+            if text in repr(row):
+                found.append(f"{model.__name__} {row}")
+    return found
+
+
+async def test_it_passes_a_secret_input_to_the_extension_and_stores_it_nowhere(
+    daphne_server, operator_token
+):
+    """``kodelet.ui.input`` with ``secret: true``: the extension gets the operator's answer;
+    the approval, its event and the audit entry say "(secret)", and once the runner has the
+    answer the outbox's copy goes too (kodelet-extensions.md)."""
+    script = [{"tool": "name_it", "input": {"title": "Deploy key?", "secret": True}}]
+    hosted = probe_host(daphne_server, operator_token, "kodelet-secret")
+    async with hosted as (inner, host, http):
+        root = await host.open_root(json.dumps(script), profile="boss")
+        question = await pending(http, "Deploy key?")
+        assert question["input"]["secret"] is True  # the inbox can mask its answer field
+        url = f"/api/approvals/{question['approvalId']}/decision"
+        answer = await http.post(url, json={"decision": "allow", "message": SECRET})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["message"] == "(secret)"
+        await host.wait(root.run_id, timeout=60)
+        for _ in range(100):  # the runner's answer to approval.decided lands after the run's
+            left = await sync_to_async(rows_holding)(SECRET)
+            if not left:
+                break
+            await asyncio.sleep(0.1)
+    results = [r["result"]["content"] for r in inner.results[root.run_id]]
+    assert results == [f"secret sha256={hashlib.sha256(SECRET.encode()).hexdigest()}"]
+    assert left == []
+    said = await sync_to_async(rows_holding)("(secret)")
+    assert any(row.startswith("AuditEntry") for row in said), said

@@ -4,6 +4,7 @@ choice, a line of text; a tool its ``agent.init`` handler disables; and one that
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 from kodelet_sdk import BaseModel, Extension, ToolContext
@@ -35,13 +36,18 @@ async def pick(_input: NoInput, ctx: ToolContext) -> str:
 
 class NameInput(BaseModel):
     title: str
+    secret: bool = False
 
 
 @ext.tool("name_it", description="Ask the operator for a line of text", input_schema=NameInput)
 async def name_it(input: NameInput, ctx: ToolContext) -> str:
-    value = await ctx.ui.input(
-        {"title": input.title, "message": "Name the release", "placeholder": "e.g. Aspen"}
-    )
+    asked = {"title": input.title, "message": "Name the release", "placeholder": "e.g. Aspen"}
+    if input.secret:
+        asked["secret"] = True  # kodelet's flag for a password-like answer
+    value = await ctx.ui.input(asked)
+    if input.secret:
+        # Proves the extension got the answer without putting it in the run's events.
+        return f"secret sha256={hashlib.sha256(str(value).encode()).hexdigest()}"
     return f"named={value}"
 
 
