@@ -86,12 +86,15 @@ class SharedTexts:
     list of events and the same state object. Serializing them once, not once per watcher,
     took the JSON encoding off the top of a profile with 50 watchers a process (issue 39).
     Keyed by the object read and what is taken of it; the entry holds the object, so its id
-    cannot be reused while the entry lives."""
+    cannot be reused while the entry lives. Bounded by characters, not entries: a read of
+    large events is megabytes, and the sockets that share it send it within moments, so
+    the newest few reads are all it needs to hold."""
 
-    SIZE = 256
+    MAX_CHARS = 2_000_000
 
     def __init__(self):
         self._texts: OrderedDict = OrderedDict()
+        self._chars = 0
 
     def get(self, source: object, part, make):
         """``make(source, part)``, made once while the entry lives."""
@@ -99,11 +102,17 @@ class SharedTexts:
         found = self._texts.get(key)
         if found is not None and found[0] is source:
             return found[1]
-        text = make(source, part)
-        self._texts[key] = (source, text)
-        if len(self._texts) > self.SIZE:
-            self._texts.popitem(last=False)
-        return text
+        made = make(source, part)
+        # What the entry keeps alive: the texts, and the object read about as much again.
+        chars = 2 * (len(made) if isinstance(made, str) else sum(len(t) for _e, t in made))
+        if chars <= self.MAX_CHARS:
+            if key in self._texts:
+                self._chars -= self._texts.pop(key)[2]
+            self._texts[key] = (source, made, chars)
+            self._chars += chars
+            while self._chars > self.MAX_CHARS:
+                self._chars -= self._texts.popitem(last=False)[1][2]
+        return made
 
 
 shared_texts = SharedTexts()

@@ -9,6 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from dashboard.live.runs import SharedTexts
 from delegation import selectors
 from delegation.models import Event, Run
 from tests.support.rpc import adb
@@ -99,3 +100,26 @@ async def test_it_reads_each_in_one_query_with_new_parameters(runner):
     assert [e["sequence"] for e in first] == [1, 2]
     assert [e["sequence"] for e in second] == [5, 6]
     assert queries == 2
+
+
+def test_it_serializes_a_shared_read_once_and_holds_a_bounded_few():
+    texts = SharedTexts()
+    made = []
+
+    def make(source, part):
+        made.append(part)
+        return "x" * part
+
+    read, other = [{"sequence": 1}], [{"sequence": 1}]
+    assert texts.get(read, 10, make) == texts.get(read, 10, make) == "x" * 10
+    assert made == [10]  # the second socket got the first one's text
+    texts.get(other, 10, make)
+    assert made == [10, 10]  # an equal list read apart is another read
+    # A text too large to hold is made each time; the held ones stay under the bound.
+    texts.get(read, SharedTexts.MAX_CHARS, make)
+    texts.get(read, SharedTexts.MAX_CHARS, make)
+    assert made[-2:] == [SharedTexts.MAX_CHARS] * 2
+    for size in range(100_000, 1_000_000, 100_000):
+        texts.get([], size, make)
+    assert texts._chars <= SharedTexts.MAX_CHARS
+    assert texts._chars == sum(chars for _s, _t, chars in texts._texts.values())
