@@ -317,10 +317,14 @@ RUNNER_SILENT_SECONDS = env_float(
 # frame is still answered on its own). 1 commits every frame alone, as the benchmark does to
 # measure the difference.
 RUN_EVENT_GROUP_MAX = env_int("RUN_EVENT_GROUP_MAX", 100, minimum=1)
-# Back-pressure (issue 39): past this many frames taken by a process's runner sockets and not
-# yet answered, a new run.event is answered at once with -32603, data.retryable and
-# data.retryAfterMs (the process's estimate of its drain), instead of waiting behind them.
-RUN_EVENT_PENDING_MAX = env_int("RUN_EVENT_PENDING_MAX", 2000, minimum=1)
+# Back-pressure (issue 39): once the oldest frame a process's runner sockets hold unanswered
+# has waited RUN_EVENT_WAIT_MAX_MS, or they hold RUN_EVENT_PENDING_MAX frames, a new run.event
+# is answered at once with -32603, data.retryable and data.retryAfterMs (the process's
+# estimate of its drain), instead of waiting behind them. By wait, not count: a runner of the
+# SDK keeps one frame in flight a run, so 5,000 runs a process hold up to 5,000 frames at a
+# normal load; a limit of 2,000 frames refused them early and made events wait 3x longer.
+RUN_EVENT_WAIT_MAX_MS = env_int("RUN_EVENT_WAIT_MAX_MS", 5000, minimum=0)
+RUN_EVENT_PENDING_MAX = env_int("RUN_EVENT_PENDING_MAX", 20000, minimum=1)
 # "process": one keep-alive (touch, outbox poll) for all of a process's runner sockets;
 # "socket": a timer per socket, as before issue 39 (kept for the benchmark to compare).
 RUNNER_KEEPALIVE = env_str("RUNNER_KEEPALIVE", "process").strip() or "process"

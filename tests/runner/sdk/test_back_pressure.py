@@ -3,8 +3,9 @@ daphne: past ``RUN_EVENT_PENDING_MAX`` frames held, a ``run.event`` is answered 
 −32603, ``data.retryable`` and ``data.retryAfterMs``, nothing of it stored; every frame gets an
 answer, and a runner that sends again after the delay has every event stored exactly once.
 
-The limit is set to 1 so that any frame arriving while another is in hand is refused; each
-test first checks that the server really refused some, so it can fail if none were.
+The limits are set so that any frame arriving while another is in hand is refused (a count
+of 1, or a wait of 0 ms); each test first checks that the server really refused some, so it
+can fail if none were. How the wait is measured: ``test_it_counts_the_wait_of_the_oldest``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from websockets.asyncio.client import connect
 
 from delegation.client import Extension, Preset, RunnerClient, event
 from delegation.models import Event
+from delegation.runner_socket import pressure
 from delegation.services import tokens
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
@@ -75,10 +77,15 @@ class RawRunner:
         return got
 
 
+@pytest.mark.parametrize(
+    "limit",
+    [{"RUN_EVENT_PENDING_MAX": 1}, {"RUN_EVENT_WAIT_MAX_MS": 0}],
+    ids=["by-count", "by-wait"],
+)
 async def test_a_saturated_process_answers_every_frame_at_once_with_a_retry_delay(
-    daphne_factory,
+    daphne_factory, limit
 ):
-    server = daphne_factory(RUN_EVENT_PENDING_MAX=1)
+    server = daphne_factory(**limit)
     token = await _token("pressed")
     run_ids = [f"run-{n}" for n in range(RUNS)]
     async with connect(
@@ -163,3 +170,27 @@ async def test_the_sdk_waits_the_delay_and_sends_again_until_everything_is_store
     assert all(r.levelno == logging.INFO for r in pauses)
     stored = await sync_to_async(_stored)(run_ids)
     assert stored == {run_id: [f"{run_id} #{n}" for n in range(3)] for run_id in run_ids}
+
+
+def test_it_counts_the_wait_of_the_oldest_frame_held(monkeypatch, settings):
+    """Saturated once the oldest frame still held has waited RUN_EVENT_WAIT_MAX_MS, however
+    few frames are held; not while younger ones are, and never with none."""
+    settings.RUN_EVENT_WAIT_MAX_MS, settings.RUN_EVENT_PENDING_MAX = 500, 1000
+    now = [100.0]
+    monkeypatch.setattr(pressure.time, "monotonic", lambda: now[0])
+    held = pressure.FramePressure()
+    assert not held.saturated()
+    held.took()
+    now[0] += 0.4
+    held.took()
+    assert held.oldest_wait_ms() == pytest.approx(400) and not held.saturated()
+    now[0] += 0.1
+    assert held.saturated()  # the first has waited 500 ms
+    held.answered()
+    assert held.oldest_wait_ms() == pytest.approx(100) and not held.saturated()
+    held.dropped(1)
+    now[0] += 10
+    assert held.held == 0 and not held.saturated()
+    settings.RUN_EVENT_PENDING_MAX = 2
+    held.took(2)
+    assert held.saturated()  # the count is a ceiling of its own
