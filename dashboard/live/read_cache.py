@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import asyncio
 
-from channels.db import database_sync_to_async
-
 from delegation import metrics, selectors
+from delegation.database_threads import hot_database_call
 
 
 def read_off_thread(function):
     """``function`` run in a thread of its own, not the shared sync thread: long reads (a
     100k-run snapshot) must not queue other sockets' handshakes and the pages' views."""
-    return database_sync_to_async(function, thread_sensitive=False)
+    return hot_database_call(function, thread_sensitive=False)
 
 
 def _run_delta(run_pk: int, after: int, limit: int):

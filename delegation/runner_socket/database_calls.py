@@ -11,11 +11,11 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from channels.db import database_sync_to_async
 from django.db import InterfaceError, OperationalError
 from django.db import connection as db_connection
 
 from delegation import notify
+from delegation.database_threads import hot_database_call
 from delegation.errors import INTERNAL_ERROR, RpcError
 from delegation.services import outbox
 from delegation.services.locks import is_lost_connection
@@ -95,5 +95,6 @@ def on_database(function):
 
     Not channels' default everywhere: its one thread per process is shared by every socket's
     outbox claims and polls and every sync view, so on PostgreSQL a cancel's flush waited in
-    that queue for seconds under load (issue 20)."""
-    return database_sync_to_async(function, thread_sensitive=db_connection.vendor != "postgresql")
+    that queue for seconds under load (issue 20). Health-checked at most once a second
+    (``database_threads``)."""
+    return hot_database_call(function, thread_sensitive=db_connection.vendor != "postgresql")

@@ -39,6 +39,7 @@ RETRY_MAX_MS = 5_000
 # reflects the last few commits rather than the last one.
 RATE_SECONDS = 2.0
 
+_clock = time.monotonic  # a test moves it, not the whole process's clock
 _per_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -63,13 +64,13 @@ class FramePressure:
         self.held = 0
         self._arrivals: collections.deque[float] = collections.deque()
         self.rate = 0.0
-        self._since = time.monotonic()
+        self._since = _clock()
         self._answered = 0
         self.refused = 0
 
     def took(self, frames: int = 1) -> None:
         self.held += frames
-        now = time.monotonic()
+        now = _clock()
         self._arrivals.extend([now] * frames)
 
     def _forget(self, frames: int) -> None:
@@ -80,7 +81,7 @@ class FramePressure:
     def answered(self, frames: int = 1) -> None:
         self._forget(frames)
         self._answered += frames
-        now = time.monotonic()
+        now = _clock()
         elapsed = now - self._since
         if elapsed >= 0.1:
             weight = min(1.0, elapsed / RATE_SECONDS)
@@ -95,7 +96,7 @@ class FramePressure:
         """How long the oldest frame held has waited so far; 0 when none is held."""
         if not self._arrivals:
             return 0.0
-        return (time.monotonic() - self._arrivals[0]) * 1000
+        return (_clock() - self._arrivals[0]) * 1000
 
     def saturated(self) -> bool:
         if self.held >= settings.RUN_EVENT_PENDING_MAX:

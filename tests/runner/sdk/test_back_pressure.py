@@ -177,7 +177,7 @@ def test_it_counts_the_wait_of_the_oldest_frame_held(monkeypatch, settings):
     few frames are held; not while younger ones are, and never with none."""
     settings.RUN_EVENT_WAIT_MAX_MS, settings.RUN_EVENT_PENDING_MAX = 500, 1000
     now = [100.0]
-    monkeypatch.setattr(pressure.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(pressure, "_clock", lambda: now[0])
     held = pressure.FramePressure()
     assert not held.saturated()
     held.took()
