@@ -6,6 +6,7 @@ the database and then pushed as they commit, plus the run's state whenever it ch
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -20,6 +21,11 @@ from delegation.wire import dumps
 
 # Events per catch-up read: each may carry 4 x 32 KiB, so a page stays a few MB at most.
 EVENT_PAGE = 100
+# A run frame whose only news is the head (``lastSequence``) goes at most this often: the
+# events frames already say how far the run has come, and a state frame per event doubled
+# what 200 watchers of a busy run cost their processes (issue 39). Any other change of the
+# state goes at once.
+HEAD_ONLY_SECONDS = 1.0
 MAX_FRAME_CHARS = 256 * 1024
 
 
@@ -30,8 +36,14 @@ class RunSub:
     root_pk: int
     sent: int
     state: tuple | None = None
+    state_sent_at: float = 0.0
     # Events that arrived with doorbells, in arrival order, not yet sent or discarded.
     carried: list = field(default_factory=list)
+
+
+def _head_only(old: tuple | None, new: tuple) -> bool:
+    """Whether the fingerprints differ in the head (``lastSequence``, second) alone."""
+    return old is not None and old[:1] + old[2:] == new[:1] + new[2:]
 
 
 def _run_fingerprint(state: dict) -> tuple:
@@ -235,8 +247,12 @@ class RunSubscriptions:
             frames = shared_texts.get(events, (sub.run_id, fresh), _first_frames)
             await self._send_events(sub, frames)
             fingerprint = _run_fingerprint(state)
-            if fingerprint != sub.state:
-                sub.state = fingerprint
+            now = time.monotonic()
+            if fingerprint != sub.state and (
+                not _head_only(sub.state, fingerprint)
+                or now - sub.state_sent_at >= HEAD_ONLY_SECONDS
+            ):
+                sub.state, sub.state_sent_at = fingerprint, now
                 text = shared_texts.get(state, "run", _state_frame)
                 await self.connection.send(text)
             if len(events) < EVENT_PAGE or fresh < len(events):

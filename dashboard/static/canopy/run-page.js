@@ -82,7 +82,9 @@ function applyRun(run) {
   const chip = head.querySelector("[data-role=status]");
   chip.className = `chip chip-${run.status}`;
   chip.textContent = run.status;
-  setText("[data-role=event-count]", run.lastSequence);
+  // A run frame may be older than the events already shown (the head alone is sent at most
+  // once a second): the count never goes back.
+  setText("[data-role=event-count]", Math.max(run.lastSequence, Number(list.dataset.after || 0)));
   const cancelBadge = head.querySelector("[data-role=cancel-requested]");
   cancelBadge.hidden = !run.cancelRequestedAt || TERMINAL.has(run.status);
   for (const key of ["status", "done", "cancelled", "hostInstanceId"]) {

@@ -6,10 +6,13 @@ subscribes and must see every event once, in sequence order, whatever the channe
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from channels.db import database_sync_to_async
 
 from dashboard.live import frames as live_frames
+from dashboard.live import runs as live_runs
 from delegation import models, notify, protocol
 from delegation.services.run_actions import Actor, do_cancel_run
 from tests.support.live import ORIGIN, check_frames, frame, live_socket, operator_socket, until
@@ -279,4 +282,36 @@ async def test_it_sends_overview_summaries_and_announces_new_trees(runner, opera
     announced = await until(ws, lambda f: f["type"] == "newTree")
     assert announced[-1]["treeId"] == "root-2"
     check_frames([first, summary, announced[-1]])
+    await ws.disconnect()
+
+
+async def test_it_sends_the_head_alone_at_most_once_a_second(
+    runner, operator, settings, monkeypatch
+):
+    """Read from the database on every doorbell (a layer that does not vouch for what it
+    carries), twenty events make twenty reads; their run frames differ only in the head, which
+    goes at most once a second. A change of anything else goes at once, and the head itself by
+    the next heartbeat at the latest."""
+    settings.LIVE_HEARTBEAT_SECONDS = HEARTBEAT
+    monkeypatch.setattr(live_runs, "vouches_for_content", lambda layer: False)
+    await runner.open("root-1")
+    ws = await operator_socket(operator)
+    await ws.send_json_to({"type": "subscribe", "runId": "root-1", "after": 0})
+    await until(ws, lambda f: f["type"] == "run")
+    started = time.monotonic()
+    for n in range(1, 21):
+        await emit(runner, "root-1", n, f"e{n}")
+    emitting = time.monotonic() - started
+    frames = await through_heartbeat(ws, "root-1", 20)
+    assert event_sequences(frames, "root-1") == list(range(1, 21))
+    runs = [f["run"] for f in frames if f["type"] == "run"]
+    # One a second while emitting, and the head the heartbeat's catch-up found.
+    assert len(runs) <= int(emitting) + 2, (len(runs), emitting)
+    assert runs[-1]["lastSequence"] == 20
+
+    await runner.finish("root-1", output="done")
+    finished = await until(
+        ws, lambda f: f["type"] == "run" and f["run"]["status"] == "succeeded", timeout=2
+    )
+    assert not [f for f in finished if f["type"] == "heartbeat"], "the status waited"
     await ws.disconnect()
