@@ -61,20 +61,21 @@ class FramePressure:
     frames one group commit takes together."""
 
     def __init__(self):
-        self.held = 0
         self._arrivals: collections.deque[float] = collections.deque()
         self.rate = 0.0
         self._since = _clock()
         self._answered = 0
         self.refused = 0
 
+    @property
+    def held(self) -> int:
+        return len(self._arrivals)
+
     def took(self, frames: int = 1) -> None:
-        self.held += frames
         now = _clock()
         self._arrivals.extend([now] * frames)
 
     def _forget(self, frames: int) -> None:
-        self.held = max(0, self.held - frames)
         for _ in range(min(frames, len(self._arrivals))):
             self._arrivals.popleft()
 

@@ -36,7 +36,7 @@ class CompiledRead:
 
     def __call__(self, *arguments: int) -> list[tuple]:
         statement = self._statement(len(arguments))
-        sql, alias, slots, fixed, fields, compiler = statement
+        sql, alias, slots, fixed, converters = statement
         params = list(fixed)
         for index, argument in zip(slots, arguments, strict=True):
             params[index] = argument
@@ -44,7 +44,6 @@ class CompiledRead:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             rows = cursor.fetchall()
-        converters = compiler.get_converters(fields)
         if not converters:
             return rows
         converted = []
@@ -74,6 +73,8 @@ class CompiledRead:
                     raise ValueError(f"parameter {marker} not bound exactly once in {sql}")
                 slots.append(list(params).index(marker))
             fields = [column[0] for column in compiler.select[0 : compiler.col_count]]
-            found = (sql, queryset.db, slots, tuple(params), fields, compiler)
+            # The converters (JSON, datetimes) depend on the columns only: found once too.
+            converters = compiler.get_converters(fields)
+            found = (sql, queryset.db, slots, tuple(params), converters)
             self._compiled[key] = found
         return found
