@@ -31,6 +31,7 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from delegation.runner.egress_rules import Endpoint, Grant, address_problem, split_host_port
@@ -38,6 +39,10 @@ from delegation.runner.egress_rules import Endpoint, Grant, address_problem, spl
 log = logging.getLogger("canopy.runner.egress")
 
 HEAD_LIMIT = 64 * 1024
+# The bridge the sandbox starts first (standard library only). It is copied into the proxy's
+# own directory, which the sandbox binds anyway: binding it in place from the source tree
+# failed wherever the agent cannot traverse the checkout (a clone under a 0700 directory).
+BRIDGE_SOURCE = Path(__file__).with_name("egress_bridge.py")
 CHUNK = 65536
 CONNECT_TIMEOUT = 10.0
 # Refusals reported per child: a hostile agent must not flood its run's event stream.
@@ -65,8 +70,8 @@ class Unreachable(Exception):
 
 
 class EgressProxy:
-    """One child's proxy: ``start()`` binds the socket in a private directory, ``close()``
-    removes both. ``forward_ports`` are the loopback ports the bridge listens on."""
+    """One child's proxy: ``start()`` binds the socket in a private directory beside a copy of
+    the bridge, ``close()`` removes them all. ``forward_ports`` are the loopback ports the bridge listens on."""
 
     def __init__(
         self,
@@ -83,6 +88,7 @@ class EgressProxy:
         self.reported: set[str] = set()
         self.directory = ""
         self.path = ""
+        self.bridge = ""
         self.server: asyncio.AbstractServer | None = None
         self.mcp_addresses: set[str] = set()
         self.tasks: set[asyncio.Task] = set()
@@ -109,6 +115,9 @@ class EgressProxy:
     async def start(self) -> None:
         self.directory = tempfile.mkdtemp(prefix="canopy-net-")
         self.path = os.path.join(self.directory, "egress.sock")
+        self.bridge = os.path.join(self.directory, BRIDGE_SOURCE.name)
+        shutil.copyfile(BRIDGE_SOURCE, self.bridge)
+        os.chmod(self.bridge, 0o444)  # stays the runner's: the agent's account only reads it
         self.server = await asyncio.start_unix_server(self._serve, self.path, limit=HEAD_LIMIT)
         if self.owner:
             # The agent runs as the preset's account: the socket is its, and no one else's.

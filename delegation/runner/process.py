@@ -100,8 +100,8 @@ async def spawn(
             egress=proxy.directory if proxy else None,
         )
         if proxy is not None:
-            name = os.path.basename(proxy.path)
-            prefix += sandbox.bridge_argv(name, proxy.proxy_port(), proxy.forward_ports)
+            names = os.path.basename(proxy.path), os.path.basename(proxy.bridge)
+            prefix += sandbox.bridge_argv(*names, proxy.proxy_port(), proxy.forward_ports)
         argv = prefix + argv
     try:
         process = await _exec(preset, argv, cwd=cwd, env=env, limit=limit, seccomp=seccomp)

@@ -55,10 +55,8 @@ log = logging.getLogger("canopy.runner.sandbox")
 # What a sandbox sees of the machine, read-only: the system, not the runner's files.
 # The agent's uid and gid inside the user namespace of a root runner (nobody/nogroup).
 SANDBOX_UID = SANDBOX_GID = 65534
-# Where a sandbox sees its egress proxy's socket directory and the bridge that relays to it.
+# Where a sandbox sees its egress proxy's directory: the socket and the bridge that relays to it.
 EGRESS_DIR = "/run/canopy-egress"
-BRIDGE_SOURCE = str(Path(__file__).with_name("egress_bridge.py"))
-BRIDGE_INSIDE = "/run/canopy-egress-bridge.py"
 # The bridge needs only the standard library: the system's python3 where there is one (under
 # /usr, readable by any account, nothing more to bind), else the runner's own interpreter.
 BRIDGE_PYTHON = next(
@@ -225,7 +223,7 @@ def bwrap(
 ) -> list[str]:
     """The bubblewrap command line that runs the agent (everything before its argv);
     ``egress`` is the directory of the child's egress proxy socket (``"network": "proxy"``),
-    bound at :data:`EGRESS_DIR` with the bridge, which :func:`bridge_argv` then starts."""
+    bound at :data:`EGRESS_DIR` with its copy of the bridge, which :func:`bridge_argv` starts."""
     out = ["bwrap", "--die-with-parent", "--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
     if seccomp_fd is not None:
         out += ["--seccomp", str(seccomp_fd)]
@@ -259,7 +257,7 @@ def bwrap(
         # The bridge (standard library only) runs on the runner's own interpreter.
         if not under(BRIDGE_PYTHON, SYSTEM_PATHS):
             binds += installation(BRIDGE_PYTHON, "")
-        out += ["--ro-bind", egress, EGRESS_DIR, "--ro-bind", BRIDGE_SOURCE, BRIDGE_INSIDE]
+        out += ["--ro-bind", egress, EGRESS_DIR]
     script = script_of(argv, cwd)
     if script and not under(script, (workspace,)):
         binds += _with_real([(os.path.realpath(script), script)])
@@ -284,11 +282,14 @@ def bwrap(
     return out
 
 
-def bridge_argv(socket_name: str, proxy_port: int, ports: Iterable[int]) -> list[str]:
-    """What runs first in a proxied sandbox: the bridge, which then becomes the agent."""
+def bridge_argv(
+    socket_name: str, bridge_name: str, proxy_port: int, ports: Iterable[int]
+) -> list[str]:
+    """What runs first in a proxied sandbox: the bridge, which then becomes the agent. Both
+    names are of files in the proxy's directory, seen at :data:`EGRESS_DIR`."""
     listen = ",".join(str(p) for p in ports)
-    socket_path = f"{EGRESS_DIR}/{socket_name}"
-    return [BRIDGE_PYTHON, "-I", "-S", BRIDGE_INSIDE, socket_path, str(proxy_port), listen, "--"]
+    socket_path, bridge = f"{EGRESS_DIR}/{socket_name}", f"{EGRESS_DIR}/{bridge_name}"
+    return [BRIDGE_PYTHON, "-I", "-S", bridge, socket_path, str(proxy_port), listen, "--"]
 
 
 def unsandboxed_warning(preset: AgentPreset) -> str:
