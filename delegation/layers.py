@@ -70,6 +70,21 @@ def forged_socket_message(message: dict) -> bool:
     )
 
 
+# What a doorbell rung within this process carries (``notify.listen_in_process``): the
+# events this process committed, so they may be pushed as they are. Like _FROM_SOCKET, an
+# object that no serialised message can carry.
+_RUNG_HERE = object()
+_IN_PROCESS = "canopy.in_process"
+
+
+def rung_in_process(message: dict) -> dict:
+    return {**message, _IN_PROCESS: _RUNG_HERE}
+
+
+def vouched_in_process(message: dict) -> bool:
+    return message.get(_IN_PROCESS) is _RUNG_HERE
+
+
 def vouches_for_content(layer) -> bool:
     """Whether what a message of ``layer`` carries (a doorbell's events) may be passed on as
     it is: an in-process layer's messages come from this process, an encrypted layer's from a
@@ -177,18 +192,21 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
             self._faulted()
             faults.warning("doorbell lost", "doorbell to %s lost (%s)", group, exc)
 
-    async def group_send_many(self, messages: list[tuple[str, dict]]) -> None:
+    async def group_send_many(
+        self, messages: list[tuple[str, dict]], *, skip_channel: str | None = None
+    ) -> None:
         """``group_send`` of every (group, message), in two Redis round trips per Redis
         server rather than two to four per group: one pipeline reads every group's
         channels, one script adds every message to its channels (capacity kept as
-        channels-redis keeps it). A group commit rings a doorbell per run it appended to."""
+        channels-redis keeps it). A group commit rings a doorbell per run it appended to.
+        ``skip_channel``: a member already rung in its own process (``notify``)."""
         try:
-            await self._group_send_many(messages)
+            await self._group_send_many(messages, skip_channel)
         except Exception as exc:
             self._faulted()
             faults.warning("doorbell lost", "%d doorbells lost (%s)", len(messages), exc)
 
-    async def _group_send_many(self, messages: list[tuple[str, dict]]) -> None:
+    async def _group_send_many(self, messages: list[tuple[str, dict]], skip_channel) -> None:
         by_server = collections.defaultdict(list)
         for group, message in messages:
             assert self.require_valid_group_name(group), "Group name not valid"
@@ -202,9 +220,10 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
                 pipe.zrange(key, 0, -1)
             replies = await pipe.execute()
             for (_group, message), members in zip(items, replies[1::2], strict=True):
-                if not members:
-                    continue
                 names = [member.decode("utf8") for member in members]
+                names = [name for name in names if name != skip_channel]
+                if not names:
+                    continue
                 keys_by_server, payloads, capacities = self._map_channel_keys_to_connection(
                     names, message
                 )

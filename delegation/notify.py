@@ -8,9 +8,11 @@ Group names use primary keys because runIds may hold characters channel names ca
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
+import weakref
 from contextlib import contextmanager
 
 from asgiref.sync import async_to_sync
@@ -56,14 +58,34 @@ def collect():
         _local.bells, _local.carried_chars = previous
 
 
+# The listener of this process on each event loop (the live hub: one channel for all its
+# sockets), which a group commit rings directly: on Redis a doorbell for the committing
+# process's own watchers otherwise went out and came back (two round trips and a receive),
+# and, since Redis does not vouch for what a message carries, every one of them then read
+# the database for events the doorbell had with it. Other processes are rung through the layer.
+_listeners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def listen_in_process(listener) -> None:
+    """Ring ``listener`` (``.layer``, ``.channel``, ``.ring_here(messages)``) directly with the
+    doorbells committed on this event loop; the layer skips its channel."""
+    _listeners[asyncio.get_running_loop()] = listener
+
+
 async def ring_collected(bells: dict[tuple, dict]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
-    if len(bells) > 1 and hasattr(layer, "group_send_many"):
+    messages = [(group, message) for (group, _run), message in bells.items()]
+    if hasattr(layer, "group_send_many"):
+        listener = _listeners.get(asyncio.get_running_loop())
+        skip = None
+        if listener is not None and listener.layer is layer and listener.channel:
+            skip = listener.channel
+            listener.ring_here(messages)
         # A group commit's doorbells (three a run: the run, its tree, the overview) in two
         # Redis round trips, not two to four each.
-        await layer.group_send_many([(group, message) for (group, _run), message in bells.items()])
+        await layer.group_send_many(messages, skip_channel=skip)
         return
     for (group, _run), message in bells.items():
         try:

@@ -29,6 +29,7 @@ import weakref
 from django.conf import settings
 
 from delegation import metrics, notify
+from delegation.layers import rung_in_process
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class Hub:
             # The default prefix: channels-redis receives every "specific." channel of a process
             # through one shared BZPOPMIN; another prefix would compete with it for the lock.
             self.channel = await self.layer.new_channel()
+            notify.listen_in_process(self)
         if not self.tasks:
             self.tasks = [
                 asyncio.ensure_future(self._listen()),
@@ -102,6 +104,19 @@ class Hub:
                 connection.ring_runners()
             elif kind == "approvals.changed":
                 connection.ring_approvals()
+
+    def ring_here(self, messages: list[tuple[str, dict]]) -> None:
+        """Doorbells this process committed, rung without the layer (``notify``): the
+        layer skips this hub's channel, so each reaches it once."""
+        for group, message in messages:
+            if group not in self.members:
+                continue
+            self.received += 1
+            metrics.LIVE_DOORBELLS.inc()
+            try:
+                self.deliver(rung_in_process(message))
+            except Exception:
+                log.exception("live hub: a doorbell could not be delivered")
 
     async def _listen(self):
         while True:

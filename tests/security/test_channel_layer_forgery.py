@@ -145,3 +145,17 @@ def test_it_passes_on_a_doorbells_events_only_from_a_layer_that_vouches_for_them
     carried = subs.subs[1].carried
     assert carried == ([FORGED_BELL["events"]] if passed_on else [None])
     assert subs.dirty == {1}  # rung either way: the socket catches up
+
+
+def test_it_takes_a_doorbells_events_as_rung_in_process_only_from_this_process():
+    """A doorbell this process rang itself (``notify.listen_in_process``) carries events the
+    socket may pass on without the key; a message from Redis naming the same marker is one
+    more forged ring, and only rings."""
+    from delegation.layers import rung_in_process
+
+    layer = import_string("channels_redis.core.RedisChannelLayer")()
+    subs = _follower(layer)
+    forged = msgpack.unpackb(msgpack.packb({**FORGED_BELL, "canopy.in_process": True}))
+    subs.ring(forged)
+    subs.ring(rung_in_process(FORGED_BELL))
+    assert subs.subs[1].carried == [None, FORGED_BELL["events"]]
