@@ -23,6 +23,7 @@ from canopy.bodylimit import (  # noqa: E402
     BodyLimit,
     install_daphne_body_limit,
 )
+from canopy.direct_writes import install_direct_writes  # noqa: E402
 from dashboard.live import live_application  # noqa: E402
 from delegation import upkeep  # noqa: E402
 from delegation.mcp.gate import McpGate  # noqa: E402
@@ -55,6 +56,8 @@ async def _django_and_sockets(scope, receive, send):
 
 # Bodies are bounded first, before any door authenticates (under daphne, while they arrive).
 install_daphne_body_limit(HTTP_MAX_BODY_BYTES)
+# Frames leave when they are written, not on the reactor's next turn (issue 39).
+install_direct_writes()
 
 # /mcp goes to the MCP SDK (agents, with a run token); lifespan is handled here because
 # channels' router refuses it; everything else is Django and the two sockets.
