@@ -18,7 +18,7 @@ import time
 from bench import budget_stop, calibrate, fleet, ingest, memory, push, read, sandbox, traces, tree
 from bench.fleet10k import RAMP
 from bench.servers import ROOT
-from bench.table import machine, notes, report, results
+from bench.table import commit, machine, notes, report, results
 
 STEPS = {
     "ingest": lambda: (ingest.ingest("sqlite"), ingest.ingest("postgres"), ingest.ingest_rollups()),
@@ -80,6 +80,7 @@ DEFAULT_STEPS = [
 def main(argv: list[str]):
     wanted = argv or DEFAULT_STEPS
     results["machine"] = machine()
+    results["commit"] = commit()
     # What this machine can do, first: the figures are compared through it (issue 39).
     calibrate.calibrate()
     for name in wanted:

@@ -51,7 +51,7 @@ def main(argv: list[str]) -> int:
     runs = [json.loads(Path(path).read_text()) for path in argv]
     for path, run in zip(argv, runs, strict=True):
         calibration = {k: v for k, v in run.items() if k.startswith("calibration_")}
-        print(f"{path}: {run.get('machine', '?')}; {calibration}")
+        print(f"{path}: {run.get('machine', '?')} at {run.get('commit', '?')}; {calibration}")
     rows = compare(*runs)
     if not rows:
         print("no live-path figure in both runs")

@@ -21,6 +21,18 @@ def machine() -> str:
     return f"{platform.machine()} {cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
+def commit() -> str:
+    """The code measured: its commit, with "+changes" when the work tree differs from it."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True)
+        return done.stdout.decode().strip() if done.returncode == 0 else ""
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 TARGETS = [
     ("ingest_sqlite_events_per_s", ">=", 20000),
     ("ingest_sqlite_ratio", ">=", 0.35),
@@ -84,7 +96,7 @@ TARGETS = [
 def report():
     print(f"\nmachine: {results['machine']}")
     print(f"{'measure':36} {'value':>14}  target")
-    for key in sorted(k for k in results if k not in ("machine", "normalised")):
+    for key in sorted(k for k in results if k not in ("machine", "commit", "normalised")):
         target = next(((op, limit) for name, op, limit in TARGETS if name == key), (None, None))
         verdict, value = "", results[key]
         if target[0] and value is None:

@@ -42,3 +42,12 @@ def test_it_names_a_figure_that_disagrees(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "fleet_1p_20w_200r_process_push_p99_ms" in out and "DISAGREE" in out
     assert "1 of 2 agree" in out
+
+
+def test_it_records_the_commit_it_measured():
+    import subprocess
+
+    from bench.table import commit
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    assert commit().split("+")[0] == (head.stdout.strip() or "unknown")
