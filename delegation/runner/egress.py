@@ -71,7 +71,8 @@ class Unreachable(Exception):
 
 class EgressProxy:
     """One child's proxy: ``start()`` binds the socket in a private directory beside a copy of
-    the bridge, ``close()`` removes them all. ``forward_ports`` are the loopback ports the bridge listens on."""
+    the bridge, ``close()`` removes them all. ``forward_ports`` are the loopback ports the
+    bridge listens on."""
 
     def __init__(
         self,
@@ -120,9 +121,12 @@ class EgressProxy:
         os.chmod(self.bridge, 0o444)  # stays the runner's: the agent's account only reads it
         self.server = await asyncio.start_unix_server(self._serve, self.path, limit=HEAD_LIMIT)
         if self.owner:
-            # The agent runs as the preset's account: the socket is its, and no one else's.
-            os.chown(self.directory, *self.owner)
+            # The agent runs as the preset's account: the socket is its, and no one else's. The
+            # directory stays the runner's, only passable: an unsandboxed agent of the same
+            # account must not swap the bridge that another of its children runs first.
+            os.chmod(self.directory, 0o711)
             os.chown(self.path, *self.owner)
+            os.chmod(self.path, 0o600)
         if self.mcp:
             self.mcp_addresses = set(await _resolve(self.mcp.host, self.mcp.port))
 

@@ -88,3 +88,24 @@ def test_it_binds_nothing_of_the_runners_source_tree_into_a_proxied_sandbox(tmp_
     sources = [line[i + 1] for i, arg in enumerate(line) if arg.endswith("bind")]
     assert not [s for s in sources if s.startswith(package)], sources
     assert (str(egress_dir), sandbox.EGRESS_DIR) in zip(line[1:], line[2:], strict=False)
+
+
+@needs_root
+async def test_it_keeps_the_bridge_out_of_reach_of_the_agents_account():
+    """The agent's account owns its socket, not the directory the bridge lies in: an
+    unsandboxed agent of the same account cannot replace what another child runs first."""
+    import os
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    proxy = egress.EgressProxy([], mcp_url=None, report=print, owner=(nobody.pw_uid, nobody.pw_gid))
+    await proxy.start()
+    try:
+        directory, socket_file, bridge = (
+            os.stat(p) for p in (proxy.directory, proxy.path, proxy.bridge)
+        )
+        assert directory.st_uid == 0 and directory.st_mode & 0o777 == 0o711
+        assert (bridge.st_uid, bridge.st_mode & 0o777) == (0, 0o444)
+        assert (socket_file.st_uid, socket_file.st_mode & 0o777) == (nobody.pw_uid, 0o600)
+    finally:
+        await proxy.close()
