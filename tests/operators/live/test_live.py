@@ -6,6 +6,7 @@ subscribes and must see every event once, in sequence order, whatever the channe
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -81,6 +82,27 @@ async def test_it_replays_from_after_then_pushes_new_events_in_order(runner, ope
     assert state["runId"] == "root-1" and state["status"] == "running" and state["depth"] == 0
     check_frames(frames)
     await ws.disconnect()
+
+
+async def test_it_spreads_the_heartbeats_of_sockets_opened_together(operator, settings):
+    """Issue 39: sockets opened at once (a restart's reconnections) beat at once every period,
+    re-checking and catching up together while runners' frames wait behind them."""
+    settings.LIVE_HEARTBEAT_SECONDS = 1.0
+    sockets = []
+    for _ in range(12):
+        sockets.append((await operator_socket(operator), time.monotonic()))  # after its hello
+
+    async def first_beat(ws, hello: float) -> float:
+        await until(ws, lambda f: f["type"] == "heartbeat", timeout=5)
+        return time.monotonic() - hello
+
+    beats = await asyncio.gather(*(first_beat(ws, hello) for ws, hello in sockets))
+    # Each between one and two periods after its hello, at its own point of that period (12
+    # points of one second all within a quarter of it: about 3 in a million).
+    assert all(0.95 <= beat <= 2.5 for beat in beats), beats
+    assert max(beats) - min(beats) >= 0.25, beats
+    for ws, _ in sockets:
+        await ws.disconnect()
 
 
 async def test_it_catches_up_from_the_database_when_every_doorbell_is_lost(
