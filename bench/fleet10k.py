@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import json
 import os
@@ -22,7 +23,7 @@ from pathlib import Path
 import redis
 import websockets
 
-from bench.fleet import CLK_TCK, _cpu_seconds, handshakes
+from bench.fleet import CLK_TCK, SATURATED_BELOW, _cpu_seconds, handshakes
 from bench.push import _percentile
 from bench.rpc import Runner
 from bench.servers import PG_ADMIN_URL, REDIS_URL, Database, Server
@@ -233,15 +234,20 @@ async def _phase(db, servers, sockets, runs, rate, seconds) -> dict:
     refused = [r for s in sockets for r in s.refused]
     if refused:
         notes.append(f"fleet10k: refused {len(refused)}, first: {refused[0]}")
+    offered = len(sockets) * runs * rate
+    busy = sum(s.busy for s in sockets)
     return {
-        "offered_per_s": len(sockets) * runs * rate,
+        "offered_per_s": offered,
         "sent_per_s": round(sum(s.sent for s in sockets) / sending, 1),
         "events_stored_per_s": round(stored / drained, 1),
+        # Over capacity: the server asked for back-pressure, or stored well below the offered
+        # rate. Its latencies then measure the backlog (bench.compare holds it to stored/s).
+        "saturated": bool(busy) or stored / drained < SATURATED_BELOW * offered,
         "answer_p50_ms": round(_percentile(answers, 0.5), 1) if answers else None,
         "answer_p99_ms": round(_percentile(answers, 0.99), 1) if answers else None,
         # A frame's send to its answer, stored or busy: how long the server let it wait.
         "frame_answer_p99_ms": round(_percentile(turnarounds, 0.99), 1) if turnarounds else None,
-        "busy": sum(s.busy for s in sockets),
+        "busy": busy,
         "superseded": sum(s.superseded for s in sockets),
         "refused": len(refused),
         "unanswered_after_60s": sum(len(s.sent_at) for s in sockets),
@@ -275,12 +281,21 @@ async def _measure(db, servers, tokens, runs, rate, seconds, ramp=(), flood=Fals
     }
     readers = [asyncio.ensure_future(s.read()) for s in sockets]
     await asyncio.sleep(1)
+    # The client's sockets out of the collector's way (bench.fleet: a full collection over
+    # them pauses the client, and every frame in flight would seem late).
+    gc.freeze()
     # Where back-pressure starts (issue 39): the same sockets at rising rates, drained between.
     limit = None
     for step in ramp:
         found = await _phase(db, servers, sockets, runs, step, RAMP_SECONDS)
         offered = int(found["offered_per_s"])
-        for name in ("events_stored_per_s", "answer_p99_ms", "frame_answer_p99_ms", "busy"):
+        for name in (
+            "events_stored_per_s",
+            "answer_p99_ms",
+            "frame_answer_p99_ms",
+            "busy",
+            "saturated",
+        ):
             figures[f"ramp_{offered}_{name}"] = found[name]
         if limit is None and found["busy"]:
             limit = offered
@@ -295,6 +310,7 @@ async def _measure(db, servers, tokens, runs, rate, seconds, ramp=(), flood=Fals
         reader.cancel()
     await asyncio.gather(*readers, return_exceptions=True)
     await asyncio.gather(*(s.runner.ws.close() for s in sockets), return_exceptions=True)
+    gc.unfreeze()
     return figures
 
 

@@ -106,6 +106,7 @@ def report():
             verdict = f"{target[0]} {target[1]}  {'met' if ok else 'MISSED'}"
         # None: the step did not reach it (a ramp that never saw a busy answer, say).
         value = "-" if value is None else round(value, 2) if isinstance(value, float) else value
+        value = " ".join(map(str, value)) if isinstance(value, list) else value
         print(f"{key:36} {value:>14}  {verdict}")
     for note in notes:
         print(f"note: {note}")

@@ -3,6 +3,8 @@ normalised by each run's calibration, are within 1.5x of each other (issue 39)."
 
 from __future__ import annotations
 
+import json
+
 from bench import calibrate, compare
 
 
@@ -17,6 +19,15 @@ def _run(loop_ms: float, pg_ms: float, push_p99_ms: float, stored_per_s: float) 
     }
     run["normalised"] = calibrate.normalise(run)
     return run
+
+
+def _main(tmp_path, first: dict, second: dict) -> int:
+    """``python -m bench.compare`` on the two runs, written as bench.json files."""
+    paths = []
+    for name, run in (("a.json", first), ("b.json", second)):
+        (tmp_path / name).write_text(json.dumps(run))
+        paths.append(str(tmp_path / name))
+    return compare.main(paths)
 
 
 def test_it_agrees_when_a_slower_machine_is_slower_in_proportion(capsys):
@@ -34,14 +45,101 @@ def test_it_agrees_when_a_slower_machine_is_slower_in_proportion(capsys):
 def test_it_names_a_figure_that_disagrees(tmp_path, capsys):
     first = _run(loop_ms=80, pg_ms=0.3, push_p99_ms=20, stored_per_s=8000)
     second = _run(loop_ms=80, pg_ms=0.3, push_p99_ms=61, stored_per_s=8000)
-    paths = []
-    for name, run in (("a.json", first), ("b.json", second)):
-        (tmp_path / name).write_text(__import__("json").dumps(run))
-        paths.append(str(tmp_path / name))
-    assert compare.main(paths) == 1
+    assert _main(tmp_path, first, second) == 1
     out = capsys.readouterr().out
     assert "fleet_1p_20w_200r_process_push_p99_ms" in out and "DISAGREE" in out
     assert "1 of 2 agree" in out
+
+
+def _calibrated(loop_ms: float, pg_ms: float, **figures) -> dict:
+    return {"calibration_loop_ms": loop_ms, "calibration_postgres_commit_ms": pg_ms, **figures}
+
+
+def test_it_expects_a_ratio_between_the_loop_ratio_and_the_commit_ratio():
+    # Python 1.25x slower, PostgreSQL round trips 0.8x: any mix of the two lies in between.
+    first = _calibrated(80, 0.30, fleet_a_push_p99_ms=20.0, fleet_b_push_p99_ms=20.0)
+    second = _calibrated(100, 0.24, fleet_a_push_p99_ms=26.0, fleet_b_push_p99_ms=40.0)
+    first["fleet_d_push_p50_ms"], second["fleet_d_push_p50_ms"] = 20.0, 18.0  # in the range
+    first["fleet_c_answered_per_s"], second["fleet_c_answered_per_s"] = 200.0, 140.0
+    # CPU per delivery is Python's work: held to the loop ratio (1.25) alone.
+    first["fleet_e_cpu_ms_per_1000_delivered"] = 100.0
+    second["fleet_e_cpu_ms_per_1000_delivered"] = 100.0
+    apart = {key: value for key, _, _, value in compare.compare(first, second)}
+    assert round(apart["fleet_a_push_p99_ms"], 2) == 1.04  # 1.3x: 1.04x past 1.25, agrees
+    assert round(apart["fleet_b_push_p99_ms"], 2) == 1.6  # 2x is 1.6x past the range
+    assert round(apart["fleet_c_answered_per_s"], 2) == 1.14  # a rate: the inverse range
+    assert apart["fleet_d_push_p50_ms"] == 1.0
+    assert apart["fleet_e_cpu_ms_per_1000_delivered"] == 1.25
+
+
+def test_it_agrees_on_latencies_a_millisecond_apart_whatever_their_ratio():
+    first = _calibrated(80, 0.3, fleet_a_after_answer_p50_ms=-0.4, fleet_b_after_answer_p50_ms=0.5)
+    second = _calibrated(80, 0.3, fleet_a_after_answer_p50_ms=0.5, fleet_b_after_answer_p50_ms=2.0)
+    apart = {key: value for key, _, _, value in compare.compare(first, second)}
+    assert apart["fleet_a_after_answer_p50_ms"] == 1.0
+    assert apart["fleet_b_after_answer_p50_ms"] == 4.0  # 1.5 ms apart: the ratio counts
+
+
+def test_it_holds_a_saturated_step_to_its_throughput(tmp_path, capsys):
+    step = "fleet_2p_20w_200r_process_ungrouped_"
+    phase = "fleet10k_1000s_10r_2p_"
+    first = _calibrated(80, 0.3, **{
+        f"{step}saturated": False, f"{step}push_p99_ms": 30.0, f"{step}answered_per_s": 199.0,
+        f"{phase}saturated": True, f"{phase}answer_p99_ms": 5000.0,
+        f"{phase}ramp_1000_saturated": False, f"{phase}ramp_1000_answer_p99_ms": 20.0,
+    })  # fmt: skip
+    second = _calibrated(80, 0.3, **{
+        f"{step}saturated": True, f"{step}push_p99_ms": 3000.0, f"{step}answered_per_s": 170.0,
+        f"{phase}saturated": True, f"{phase}answer_p99_ms": 9000.0,
+        f"{phase}ramp_1000_saturated": False, f"{phase}ramp_1000_answer_p99_ms": 90.0,
+    })  # fmt: skip
+    compared = {key for key, *_ in compare.compare(first, second)}
+    assert f"{step}answered_per_s" in compared and f"{step}push_p99_ms" not in compared
+    assert f"{phase}answer_p99_ms" not in compared
+    # The ramp's step under the saturated phase is its own: it did not saturate, so it counts.
+    assert f"{phase}ramp_1000_answer_p99_ms" in compared
+    assert _main(tmp_path, first, second) == 1
+    out = capsys.readouterr().out
+    assert f"{phase}ramp_1000_answer_p99_ms" in out and "DISAGREE" in out
+    assert f"{step}push_p99_ms" in out and "saturated: held to its step's throughput" in out
+    assert "1 of 2 agree" in out and "2 latencies of saturated steps" in out
+
+
+def test_it_keeps_each_figures_median_over_the_windows():
+    from bench.fleet import median_of
+
+    windows = [
+        {"push_p99_ms": 30.0, "delivered": 1000, "saturated": False, "layer": "core"},
+        {"push_p99_ms": 90.0, "delivered": 990, "saturated": True, "layer": "core"},
+        {"push_p99_ms": 40.0, "delivered": 1000, "saturated": False, "layer": "core"},
+    ]
+    figures = median_of(windows)
+    assert figures["push_p99_ms"] == 40.0 and figures["delivered"] == 1000
+    assert figures["saturated"] is True  # one window over capacity marks the step
+    assert figures["push_p99_ms_windows"] == [30.0, 90.0, 40.0] and figures["windows"] == 3
+    assert figures["layer"] == "core"
+
+
+def test_it_keeps_the_lower_of_the_calibrations_before_and_after_the_steps(monkeypatch):
+    from bench.table import results
+
+    # The first loop measured while a previous run's servers were still stopping.
+    loops, commits = iter([150.2, 101.4]), iter([0.31, 0.42])
+    monkeypatch.setattr(calibrate, "_loop_ms", lambda: next(loops))
+    monkeypatch.setattr(calibrate, "_postgres_commit_ms", lambda: next(commits))
+    monkeypatch.setattr(calibrate, "_redis_rtt_ms", lambda: 0.05)
+    monkeypatch.setattr(calibrate, "_start", {})
+    saved = dict(results)
+    try:
+        results.clear()
+        calibrate.calibrate()
+        assert results["calibration_loop_ms"] == 150.2
+        calibrate.finish()
+        assert results["calibration_loop_ms"] == 101.4
+        assert results["calibration_postgres_commit_ms"] == 0.31
+    finally:
+        results.clear()
+        results.update(saved)
 
 
 def test_it_records_the_commit_it_measured():
