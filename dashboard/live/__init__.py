@@ -57,9 +57,9 @@ may be lost). On every doorbell, and for every subscription on every heartbeat, 
 reads from the database everything after what it has already sent on this connection, so
 the events of a run arrive gap-free, duplicate-free and in sequence order whatever the
 channel layer dropped. All reads and sends happen in one worker task per socket, so frames
-never interleave. Every ``LIVE_HEARTBEAT_SECONDS`` (the first at a random point between one
-and two periods after ``hello``, so sockets opened together beat apart) the server catches
-up and then sends
+never interleave. Every ``LIVE_HEARTBEAT_SECONDS`` (the first at a random point between a
+half and one period after ``hello``, so sockets opened together beat apart) the server
+catches up and then sends
 ``{"type": "heartbeat", "at": ms, "runs": {runId: lastSentSequence}, "trees": {...}}``: a
 client whose last sequence for a run is below the head missed frames and resubscribes with
 ``after`` = its last sequence; a client that hears nothing for a few heartbeat periods
