@@ -217,13 +217,16 @@ async def _measure(
     return median_of(windows)
 
 
-def median_of(windows: list[dict]) -> dict:
-    """Each figure's median over the windows; ``push_p99_ms_windows`` keeps every window's
-    tail, and ``saturated`` holds if any window was."""
+def median_of(windows: list[dict], tail: str = "push_p99_ms", summed: tuple = ()) -> dict:
+    """Each figure's median over the windows; ``{tail}_windows`` keeps every window's tail,
+    ``saturated`` holds if any window was, and the counts named in ``summed`` (frames left
+    unanswered, refused) add up over the windows."""
     figures = {}
     for key, first in windows[0].items():
         values = [w[key] for w in windows]
-        if isinstance(first, bool):
+        if key in summed:
+            figures[key] = sum(values)
+        elif isinstance(first, bool):
             figures[key] = any(values)
         elif isinstance(first, int) and None not in values:
             figures[key] = statistics.median_low(values)
@@ -232,7 +235,7 @@ def median_of(windows: list[dict]) -> dict:
         else:
             figures[key] = first if len(set(map(str, values))) == 1 else None
     figures["windows"] = len(windows)
-    figures["push_p99_ms_windows"] = [w["push_p99_ms"] for w in windows]
+    figures[f"{tail}_windows"] = [w[tail] for w in windows]
     return figures
 
 

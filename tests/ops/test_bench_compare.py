@@ -120,6 +120,21 @@ def test_it_keeps_each_figures_median_over_the_windows():
     assert figures["layer"] == "core"
 
 
+def test_it_adds_up_the_counts_of_a_busy_sockets_windows_and_keeps_their_tails():
+    from bench.fleet import median_of
+
+    windows = [
+        {"answer_p99_ms": 14.0, "unanswered_after_60s": 0, "busy": 0},
+        {"answer_p99_ms": 25.0, "unanswered_after_60s": 3, "busy": 2},
+        {"answer_p99_ms": 11.0, "unanswered_after_60s": 0, "busy": 0},
+    ]
+    figures = median_of(windows, "answer_p99_ms", ("unanswered_after_60s", "busy"))
+    assert figures["answer_p99_ms"] == 14.0
+    # A frame left unanswered in any window counts: the median would have hidden it.
+    assert figures["unanswered_after_60s"] == 3 and figures["busy"] == 2
+    assert figures["answer_p99_ms_windows"] == [14.0, 25.0, 11.0]
+
+
 def test_it_keeps_the_lower_of_the_calibrations_before_and_after_the_steps(monkeypatch):
     from bench.table import results
 
