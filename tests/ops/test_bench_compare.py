@@ -139,10 +139,12 @@ def test_it_keeps_the_lower_of_the_calibrations_before_and_after_the_steps(monke
     from bench.table import results
 
     # The first loop measured while a previous run's servers were still stopping.
-    loops, commits = iter([150.2, 101.4]), iter([0.31, 0.42])
+    loops, commits = iter([150.2, 101.4]), iter([(0.31, 2.5), (0.42, 0.9)])
+    wakeups = iter([0.08, 0.35])
     monkeypatch.setattr(calibrate, "_loop_ms", lambda: next(loops))
     monkeypatch.setattr(calibrate, "_postgres_commit_ms", lambda: next(commits))
     monkeypatch.setattr(calibrate, "_redis_rtt_ms", lambda: 0.05)
+    monkeypatch.setattr(calibrate, "_wakeup_p99_ms", lambda: next(wakeups))
     monkeypatch.setattr(calibrate, "_start", {})
     saved = dict(results)
     try:
@@ -152,6 +154,9 @@ def test_it_keeps_the_lower_of_the_calibrations_before_and_after_the_steps(monke
         calibrate.finish()
         assert results["calibration_loop_ms"] == 101.4
         assert results["calibration_postgres_commit_ms"] == 0.31
+        # Each figure on its own: the tail's lower came with the other measurement.
+        assert results["calibration_postgres_commit_p99_ms"] == 0.9
+        assert results["calibration_wakeup_p99_ms"] == 0.08
     finally:
         results.clear()
         results.update(saved)
