@@ -5,9 +5,12 @@ that failed is checked by Django as the failing call ends, whatever this module 
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from asgiref.sync import ThreadSensitiveContext
 from channels.db import database_sync_to_async
 from django.db import connection, connections
 
@@ -17,22 +20,9 @@ from delegation.models import Runner
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
 
-async def _close_shared_thread_connection():
-    # From the event loop, as the tests call: a sync fixture's async_to_sync would run this
-    # on the main thread and close that thread's connection instead.
-    # ``connection.close`` looked up there, not here: it names the looking thread's wrapper.
-    await database_sync_to_async(lambda: connection.close(), thread_sensitive=True)()
-
-
 @pytest.fixture
-async def checks(monkeypatch):
-    """The health checks made on the thread the test's calls run on. Connections persist, as
-    they do in a server (CONN_MAX_AGE; the suite closes them after each call). The shared
-    sync thread's connection is closed first, so it opens under these settings whatever an
-    earlier test left open there, and checks from other threads (a server an earlier test
-    left stopping) are not counted."""
-    await _close_shared_thread_connection()
-    monkeypatch.setitem(connections["default"].settings_dict, "CONN_MAX_AGE", 60)
+def checks(monkeypatch):
+    """The health checks made, by thread."""
     made = []
     wrapper = type(connections["default"])
     real = wrapper.is_usable
@@ -42,9 +32,45 @@ async def checks(monkeypatch):
         return real(self)
 
     monkeypatch.setattr(wrapper, "is_usable", counted)
-    yield made
-    # The shared sync thread's connection would outlive the test and its database.
-    await _close_shared_thread_connection()
+    return made
+
+
+@contextlib.asynccontextmanager
+async def own_database_thread(monkeypatch):
+    """The test's thread-sensitive calls on a thread of its own, whose connection persists as
+    in a server (CONN_MAX_AGE; the suite closes them after each call). The process's shared
+    sync thread would carry whatever connection an earlier test left there: in CI this test
+    twice counted no checks at all on it. The setting is changed in the dict that thread's
+    connection reads, and the connection is closed before the thread goes."""
+    executor = ThreadPoolExecutor(max_workers=1)
+    try:
+        async with ThreadSensitiveContext(executor=executor):
+            settings_dict = await database_sync_to_async(
+                lambda: connections["default"].settings_dict
+            )()
+            monkeypatch.setitem(settings_dict, "CONN_MAX_AGE", 60)
+            try:
+                yield
+            finally:
+                # ``connection.close`` looked up on that thread: it names the looker's wrapper.
+                await database_sync_to_async(lambda: connection.close())()
+    finally:
+        executor.shutdown()
+
+
+async def _state():
+    """Why a count may be off: the thread's connection as the calls left it."""
+
+    def read():
+        db = connections["default"]
+        return {
+            "open": db.connection is not None,
+            "health_check_enabled": db.health_check_enabled,
+            "close_at": db.close_at,
+            "conn_max_age": db.settings_dict["CONN_MAX_AGE"],
+        }
+
+    return await database_sync_to_async(read)()
 
 
 def _query():
@@ -60,21 +86,25 @@ async def test_it_checks_a_connection_at_most_once_a_second(checks, monkeypatch)
     now = [1000.0]
     monkeypatch.setattr(database_threads, "_clock", lambda: now[0])
     call = database_threads.hot_database_call(_query, thread_sensitive=True)
-    for _ in range(5):
-        thread = await call()
-    assert _on(thread, checks) <= 1  # the first call on a connection may check it, no other
-    before = _on(thread, checks)
-    now[0] += 1.5
-    await call()
-    await call()
-    assert _on(thread, checks) == before + 1  # a second later: checked once more
+    async with own_database_thread(monkeypatch):
+        for _ in range(5):
+            thread = await call()
+        # The first call on a connection may check it, no other.
+        assert _on(thread, checks) <= 1, (checks, await _state())
+        before = _on(thread, checks)
+        now[0] += 1.5
+        await call()
+        await call()
+        # A second later: checked once more.
+        assert _on(thread, checks) == before + 1, (checks, await _state())
 
 
-async def test_channels_alone_checks_on_every_call(checks):
+async def test_channels_alone_checks_on_every_call(checks, monkeypatch):
     """What the module spares: without it, every call begins with a check."""
     call = database_sync_to_async(_query, thread_sensitive=True)
-    thread = await call()
-    before = _on(thread, checks)
-    for _ in range(3):
-        await call()
-    assert _on(thread, checks) == before + 3
+    async with own_database_thread(monkeypatch):
+        thread = await call()
+        before = _on(thread, checks)
+        for _ in range(3):
+            assert await call() == thread
+        assert _on(thread, checks) == before + 3, (checks, await _state())
