@@ -24,6 +24,7 @@ import statistics
 import time
 from pathlib import Path
 
+from bench.push import _percentile
 from bench.servers import PG_ADMIN_URL
 from bench.table import notes, results
 
@@ -57,11 +58,7 @@ def _postgres_commit_ms() -> tuple[float, float]:
             conn.execute("INSERT INTO canopy_calibration VALUES (%s)", (n,))
             conn.commit()
             times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times), _p99(times)
-
-
-def _p99(times: list[float]) -> float:
-    return sorted(times)[int(len(times) * 0.99)]
+    return statistics.median(times), _percentile(times, 0.99)
 
 
 def _wakeup_p99_ms() -> float:
@@ -71,7 +68,7 @@ def _wakeup_p99_ms() -> float:
         started = time.perf_counter()
         time.sleep(0.001)
         late.append((time.perf_counter() - started) * 1000 - 1)
-    return _p99(late)
+    return _percentile(late, 0.99)
 
 
 def _redis_rtt_ms() -> float:

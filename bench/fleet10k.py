@@ -23,7 +23,7 @@ from pathlib import Path
 import redis
 import websockets
 
-from bench.fleet import CLK_TCK, SATURATED_BELOW, _cpu_seconds, handshakes, median_of
+from bench.fleet import CLK_TCK, REPEATS, SATURATED_BELOW, _cpu_seconds, handshakes, median_of
 from bench.push import _percentile
 from bench.rpc import Runner
 from bench.servers import PG_ADMIN_URL, REDIS_URL, Database, Server
@@ -32,7 +32,7 @@ from bench.table import notes, results
 SECONDS = int(os.environ.get("BENCH_FLEET_SECONDS", 15))
 RAMP_SECONDS = 6
 # The one busy socket's step: WINDOWS phases of WINDOW_SECONDS, medians kept (as bench.fleet).
-WINDOWS = int(os.environ.get("BENCH_FLEET_REPEATS", 3))
+WINDOWS = REPEATS
 WINDOW_SECONDS = 5
 # Per run, events/s: with 10 runs a socket on 1,000 sockets, 1,000 to 7,000 offered a second.
 RAMP = (0.1, 0.2, 0.35, 0.5, 0.7)
