@@ -114,6 +114,22 @@ def _no_name_lookups_off_the_machine(monkeypatch):
     monkeypatch.setattr(targets, "resolve_host", local_names_only(targets.resolve_host))
 
 
+@pytest.fixture(autouse=True)
+def _channels_closes_old_connections():
+    """Every test starts with channels' own ``database_sync_to_async`` cleanup. channels'
+    test communicator swaps ``channels.db.close_old_connections`` for a no-op while it waits
+    on the application, and a wait still pending when its test's event loop closes never
+    swaps it back: every later test's database calls then kept their connections unchecked
+    and unclosed (CI's PostgreSQL pass failed tests/ops/test_database_threads.py after
+    tests/operators/live/test_live.py this way)."""
+    import channels.db
+    from django.db import close_old_connections
+
+    channels.db.close_old_connections = close_old_connections
+    yield
+    channels.db.close_old_connections = close_old_connections
+
+
 def local_names_only(resolve):
     import ipaddress
     import socket

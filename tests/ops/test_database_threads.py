@@ -38,10 +38,11 @@ def checks(monkeypatch):
 @contextlib.asynccontextmanager
 async def own_database_thread(monkeypatch):
     """The test's thread-sensitive calls on a thread of its own, whose connection persists as
-    in a server (CONN_MAX_AGE; the suite closes them after each call). The process's shared
-    sync thread would carry whatever connection an earlier test left there: in CI this test
-    twice counted no checks at all on it. The setting is changed in the dict that thread's
-    connection reads, and the connection is closed before the thread goes."""
+    in a server (CONN_MAX_AGE; the suite closes them after each call), closed before the
+    thread goes: the process's shared sync thread carries whatever connection an earlier
+    test left there. (The CI failures this test had were another leak: channels' test
+    communicator left its no-op ``close_old_connections`` in place; tests/conftest.py puts
+    channels' own back before every test.)"""
     executor = ThreadPoolExecutor(max_workers=1)
     try:
         async with ThreadSensitiveContext(executor=executor):
