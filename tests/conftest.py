@@ -117,11 +117,14 @@ def _no_name_lookups_off_the_machine(monkeypatch):
 @pytest.fixture(autouse=True)
 def _channels_closes_old_connections():
     """Every test starts with channels' own ``database_sync_to_async`` cleanup. channels'
-    test communicator swaps ``channels.db.close_old_connections`` for a no-op while it waits
-    on the application, and a wait still pending when its test's event loop closes never
-    swaps it back: every later test's database calls then kept their connections unchecked
-    and unclosed (CI's PostgreSQL pass failed tests/ops/test_database_threads.py after
-    tests/operators/live/test_live.py this way)."""
+    test communicator swaps ``channels.db.close_old_connections`` for a no-op with
+    ``mock.patch`` around every ``send_input`` and ``receive_output``. Waits on several
+    communicators at once (``asyncio.gather``) leave those patches in an order that is not
+    last-in-first-out: the last to exit restores the no-op another wait saved as the
+    "original", for good. tests/operators/live/test_live.py's heartbeat-spread test does that
+    (the probe after it saw the no-op); every later test's database calls then kept their
+    connections unchecked and unclosed, and CI's PostgreSQL pass failed
+    tests/ops/test_database_threads.py."""
     import channels.db
     from django.db import close_old_connections
 
