@@ -91,6 +91,8 @@ def main(argv: list[str]):
         except Exception as exc:  # one broken step must not hide the others' figures
             notes.append(f"{name} failed: {exc}")
         print(f"bench: {name} took {time.perf_counter() - started:.1f}s", flush=True)
+        if name != wanted[-1]:
+            calibrate.between_steps()
     calibrate.finish()
     # Written before the table is printed: a figure the table cannot show loses nothing.
     out = ROOT / "bench.json"

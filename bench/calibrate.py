@@ -1,7 +1,11 @@
 """What the machine the bench runs on can do, measured before the figures (issue 39): two runs
 on two machines of one kind are compared through these, not through wall-clock figures alone.
 
-Each is measured before the first step and again after the last, and the lower kept.
+Each is measured before the first step, after every step and after the last, and the median
+of those samples kept; the loop's samples and their spread (slowest over fastest) are kept too
+(``calibration_loop_ms_samples``, ``calibration_loop_spread``). A VM's speed wanders: on one
+Intel VM the loop read 121 ms before the first step and after the last, and 90-108 ms in the
+minutes between, so two samples at the ends stood for the machine no better than one.
 
 - ``calibration_loop_ms``: a fixed single-core Python loop (the interpreter's speed here);
 - ``calibration_postgres_commit_ms``: one INSERT and COMMIT round trip to PostgreSQL, p50;
@@ -32,6 +36,7 @@ LOOP = 2_000_000
 ROUND_TRIPS = 300
 WAKEUPS = 1000
 _start: dict = {}
+_samples: dict[str, list[float]] = {}
 
 
 def _loop_ms() -> float:
@@ -91,10 +96,10 @@ def _cpu_times() -> tuple[int, int]:
 
 
 def _measure_all() -> None:
-    """Each calibration figure, kept at its lowest so far: the machine's own speed is its best
-    showing, and what a step left running (a server still stopping, PostgreSQL writing out a
-    step's rows) only ever makes a figure slower: one run's loop measured 1.48x slower right
-    after another run's last step."""
+    """One sample of each calibration figure; each figure is the median of its samples so far.
+
+    Not the lowest, as before: a slow sample (PostgreSQL still writing out the step before) is
+    outvoted by the others, and a machine slower for minutes at a time shows it."""
     for keys, measure, digits in (
         (("calibration_loop_ms",), _loop_ms, 1),
         (
@@ -112,8 +117,12 @@ def _measure_all() -> None:
             continue
         values = measured if isinstance(measured, tuple) else (measured,)
         for key, value in zip(keys, values, strict=True):
-            value = round(value, digits)
-            results[key] = min(value, results.get(key, value))
+            _samples.setdefault(key, []).append(round(value, digits))
+            results[key] = round(statistics.median(_samples[key]), digits)
+    loop = _samples.get("calibration_loop_ms")
+    if loop:
+        results["calibration_loop_ms_samples"] = list(loop)
+        results["calibration_loop_spread"] = round(max(loop) / min(loop), 2)
 
 
 def calibrate() -> None:
@@ -122,8 +131,13 @@ def calibrate() -> None:
     _measure_all()
 
 
+def between_steps() -> None:
+    """Another sample, taken where nothing of the bench's runs: after a step, before the next."""
+    _measure_all()
+
+
 def finish() -> None:
-    """The calibration measured again (the lower of the two kept), the load and the CPU steal
+    """The calibration's last sample, the load and the CPU steal
     over the run, then every latency figure normalised."""
     _measure_all()
     load = Path("/proc/loadavg").read_text().split()

@@ -135,28 +135,36 @@ def test_it_adds_up_the_counts_of_a_busy_sockets_windows_and_keeps_their_tails()
     assert figures["answer_p99_ms_windows"] == [14.0, 25.0, 11.0]
 
 
-def test_it_keeps_the_lower_of_the_calibrations_before_and_after_the_steps(monkeypatch):
+def test_it_keeps_the_median_of_the_calibrations_taken_around_every_step(monkeypatch):
     from bench.table import results
 
-    # The first loop measured while a previous run's servers were still stopping.
-    loops, commits = iter([150.2, 101.4]), iter([(0.31, 2.5), (0.42, 0.9)])
-    wakeups = iter([0.08, 0.35])
+    # The first loop measured while a previous run's servers were still stopping; the
+    # machine's speed then wandered between steps.
+    loops = iter([150.2, 101.4, 96.0, 104.8])
+    commits = iter([(0.31, 2.5), (0.42, 0.9), (0.25, 0.7), (0.30, 0.6)])
+    wakeups = iter([0.08, 0.35, 0.12, 0.2])
     monkeypatch.setattr(calibrate, "_loop_ms", lambda: next(loops))
     monkeypatch.setattr(calibrate, "_postgres_commit_ms", lambda: next(commits))
     monkeypatch.setattr(calibrate, "_redis_rtt_ms", lambda: 0.05)
     monkeypatch.setattr(calibrate, "_wakeup_p99_ms", lambda: next(wakeups))
     monkeypatch.setattr(calibrate, "_start", {})
+    monkeypatch.setattr(calibrate, "_samples", {})
     saved = dict(results)
     try:
         results.clear()
         calibrate.calibrate()
         assert results["calibration_loop_ms"] == 150.2
+        calibrate.between_steps()
+        calibrate.between_steps()
+        assert results["calibration_loop_ms"] == 101.4  # median of 150.2, 101.4, 96.0
         calibrate.finish()
-        assert results["calibration_loop_ms"] == 101.4
-        assert results["calibration_postgres_commit_ms"] == 0.31
-        # Each figure on its own: the tail's lower came with the other measurement.
-        assert results["calibration_postgres_commit_p99_ms"] == 0.9
-        assert results["calibration_wakeup_p99_ms"] == 0.08
+        assert results["calibration_loop_ms"] == 103.1  # the slow first sample outvoted
+        assert results["calibration_loop_ms_samples"] == [150.2, 101.4, 96.0, 104.8]
+        assert results["calibration_loop_spread"] == 1.56
+        assert results["calibration_postgres_commit_ms"] == 0.305
+        # Each figure on its own: the tail's median is of the tails, not of one measurement's.
+        assert results["calibration_postgres_commit_p99_ms"] == 0.8
+        assert results["calibration_wakeup_p99_ms"] == 0.16
     finally:
         results.clear()
         results.update(saved)
