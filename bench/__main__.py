@@ -86,13 +86,13 @@ def main(argv: list[str]):
     for name in wanted:
         print(f"bench: {name} ...", flush=True)
         started = time.perf_counter()
+        before = set(results)
         try:
             STEPS[name]()
         except Exception as exc:  # one broken step must not hide the others' figures
             notes.append(f"{name} failed: {exc}")
         print(f"bench: {name} took {time.perf_counter() - started:.1f}s", flush=True)
-        if name != wanted[-1]:
-            calibrate.between_steps()
+        calibrate.after_step(name, set(results) - before)
     calibrate.finish()
     # Written before the table is printed: a figure the table cannot show loses nothing.
     out = ROOT / "bench.json"

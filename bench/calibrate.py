@@ -131,15 +131,32 @@ def calibrate() -> None:
     _measure_all()
 
 
-def between_steps() -> None:
-    """Another sample, taken where nothing of the bench's runs: after a step, before the next."""
+def after_step(name: str, figures: set[str]) -> None:
+    """Another sample, taken where nothing of the bench's runs, and the step's own loop: the
+    mean of the samples just before and just after it, beside the figures it wrote
+    (``calibration_steps``). On that Intel VM the loop's samples in one run went from 90 to
+    165 ms, slowest for minutes at a time, so a figure is held to the speed of its own step."""
     _measure_all()
+    loop = _samples.get("calibration_loop_ms", [])
+    if len(loop) >= 2:
+        steps = results.setdefault("calibration_steps", {})
+        steps[name] = {
+            "loop_ms": round((loop[-2] + loop[-1]) / 2, 1),
+            "figures": sorted(key for key in figures if not key.startswith("calibration_")),
+        }
+
+
+def step_loop_ms(run: dict, key: str) -> float | None:
+    """The loop of the step that wrote ``key``, else the run's median."""
+    for step in run.get("calibration_steps", {}).values():
+        if key in step["figures"]:
+            return step["loop_ms"]
+    return run.get("calibration_loop_ms")
 
 
 def finish() -> None:
-    """The calibration's last sample, the load and the CPU steal
-    over the run, then every latency figure normalised."""
-    _measure_all()
+    """The load and the CPU steal over the run (the last sample came after the last step),
+    then every latency figure normalised."""
     load = Path("/proc/loadavg").read_text().split()
     results["calibration_load_1m"] = float(load[0])
     if "cpu" in _start:

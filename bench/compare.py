@@ -21,6 +21,8 @@ import json
 import sys
 from pathlib import Path
 
+from bench.calibrate import step_loop_ms
+
 AGREE_WITHIN = 1.5
 # Below a millisecond the bench cannot time an event: its own client is an asyncio loop on
 # the same two cores, and a fan-out timed after the runner's answer is often a fraction of a
@@ -49,13 +51,16 @@ def expected(first: dict, second: dict, key: str) -> tuple[float, float]:
     A latency is CPU time plus round trips, L = c * loop + r * commit (c, r >= 0), so the ratio
     of one machine's L to another's is a mediant of the loop ratio and the commit ratio: it
     lies between them, whatever the mix. A rate is the inverse of such a cost; CPU time per
-    delivery follows the loop alone."""
-    bases = ("calibration_loop_ms",)
-    if CPU_COST not in key:
-        bases += ("calibration_postgres_commit_ms",)
-    ratios = sorted(
-        second[name] / first[name] for name in bases if first.get(name) and second.get(name)
-    ) or [1.0]
+    delivery follows the loop alone. The loop is the one measured around the figure's own step
+    where the run has it (``calibration_steps``): a VM's speed wanders within a run."""
+    ratios = []
+    loops = step_loop_ms(first, key), step_loop_ms(second, key)
+    if all(loops):
+        ratios.append(loops[1] / loops[0])
+    commit = "calibration_postgres_commit_ms"
+    if CPU_COST not in key and first.get(commit) and second.get(commit):
+        ratios.append(second[commit] / first[commit])
+    ratios = sorted(ratios) or [1.0]
     low, high = ratios[0], ratios[-1]
     return (1 / high, 1 / low) if key.endswith("_per_s") else (low, high)
 

@@ -72,6 +72,21 @@ def test_it_expects_a_ratio_between_the_loop_ratio_and_the_commit_ratio():
     assert apart["fleet_e_cpu_ms_per_1000_delivered"] == 1.25
 
 
+def test_it_holds_a_figure_to_the_loop_measured_around_its_own_step():
+    # Same machine, same median loop; in the second run the fleet step ran while the VM was
+    # 1.6x slower (its loop samples around the step), the push step at the usual speed.
+    first = _calibrated(100, 0.10, fleet_a_push_p99_ms=10.0, push_p99_ms=5.0)
+    second = _calibrated(100, 0.10, fleet_a_push_p99_ms=20.0, push_p99_ms=10.0)
+    first["calibration_steps"] = {"fleet": {"loop_ms": 100.0, "figures": ["fleet_a_push_p99_ms"]}}
+    second["calibration_steps"] = {
+        "fleet": {"loop_ms": 160.0, "figures": ["fleet_a_push_p99_ms"]},
+        "push": {"loop_ms": 100.0, "figures": ["push_p99_ms"]},
+    }
+    apart = {key: value for key, _, _, value in compare.compare(first, second)}
+    assert round(apart["fleet_a_push_p99_ms"], 2) == 1.25  # 2x against 1.6x: agrees
+    assert apart["push_p99_ms"] == 2.0  # 2x at the same speed: disagrees
+
+
 def test_it_agrees_on_latencies_a_millisecond_apart_whatever_their_ratio():
     first = _calibrated(80, 0.3, fleet_a_after_answer_p50_ms=-0.4, fleet_b_after_answer_p50_ms=0.5)
     second = _calibrated(80, 0.3, fleet_a_after_answer_p50_ms=0.5, fleet_b_after_answer_p50_ms=2.0)
@@ -154,13 +169,22 @@ def test_it_keeps_the_median_of_the_calibrations_taken_around_every_step(monkeyp
         results.clear()
         calibrate.calibrate()
         assert results["calibration_loop_ms"] == 150.2
-        calibrate.between_steps()
-        calibrate.between_steps()
+        calibrate.after_step("ingest", {"ingest_events_per_s"})
+        calibrate.after_step("fleet", {"fleet_push_p99_ms", "fleet_push_p50_ms"})
         assert results["calibration_loop_ms"] == 101.4  # median of 150.2, 101.4, 96.0
+        calibrate.after_step("tree", set())
         calibrate.finish()
         assert results["calibration_loop_ms"] == 103.1  # the slow first sample outvoted
         assert results["calibration_loop_ms_samples"] == [150.2, 101.4, 96.0, 104.8]
         assert results["calibration_loop_spread"] == 1.56
+        # Each step's loop: the mean of the samples just before and after it.
+        assert results["calibration_steps"]["fleet"] == {
+            "loop_ms": 98.7,
+            "figures": ["fleet_push_p50_ms", "fleet_push_p99_ms"],
+        }
+        assert calibrate.step_loop_ms(results, "fleet_push_p99_ms") == 98.7
+        assert calibrate.step_loop_ms(results, "ingest_events_per_s") == 125.8
+        assert calibrate.step_loop_ms(results, "push_p99_ms") == 103.1  # no step: the median
         assert results["calibration_postgres_commit_ms"] == 0.305
         # Each figure on its own: the tail's median is of the tails, not of one measurement's.
         assert results["calibration_postgres_commit_p99_ms"] == 0.8
