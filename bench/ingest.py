@@ -19,14 +19,9 @@ INGEST_RUNNERS = 4
 INGEST_FRAMES = 250
 INGEST_BATCH = 100
 INGEST_ROUNDS = 5
-# The driver's ceiling, measured as often, the median kept.
+# The ORM's ceiling (and PostgreSQL's 4-writer driver ceiling), the median of three; the
+# driver's own ceiling is measured beside each ingest round instead.
 CEILING_ROUNDS = 3
-
-
-async def _ingest(url: str, tokens: list[str]) -> float:
-    """The median of INGEST_ROUNDS rounds: a shared 2-core machine is noisy."""
-    rates = [await _ingest_round(url, tokens, round_) for round_ in range(INGEST_ROUNDS)]
-    return statistics.median(rates)
 
 
 async def _race(url: str, tokens: list[str], prepare, send=None) -> float:
@@ -69,35 +64,43 @@ async def _ingest_round(url: str, tokens: list[str], round_: int) -> float:
 
 
 def ingest(kind: str):
+    """Each ingest round beside a round of the driver's ceiling, the ratio the median of the
+    pairs' ratios: a VM's speed wanders by the minute (issue 39: one Intel VM's loop went from 90
+    to 165 ms within a run), and medians of rounds minutes apart compared two speeds."""
     db = Database(kind)
     try:
         tokens = [db.runner_token(f"ingest-{i}") for i in range(INGEST_RUNNERS)]
-        server = Server(db)
-        try:
-            rate = asyncio.run(_ingest(server.ws, tokens))
-        finally:
-            server.stop()
         total = INGEST_RUNNERS * INGEST_FRAMES * INGEST_BATCH
 
         def rows_per_s(step: str, *args: str) -> float:
             rows = ("--rows", str(total), "--batch", str(INGEST_BATCH))
-            return statistics.median(
-                json.loads(db.python("bench.seed", step, *rows, *args))["rows_per_s"]
-                for _ in range(CEILING_ROUNDS)
-            )
+            return json.loads(db.python("bench.seed", step, *rows, *args))["rows_per_s"]
 
-        ceiling = rows_per_s("ceiling")
-        driver = rows_per_s("driver-ceiling")
+        server = Server(db)
+        rates, drivers = [], []
+        try:
+            for round_ in range(INGEST_ROUNDS):
+                rates.append(asyncio.run(_ingest_round(server.ws, tokens, round_)))
+                drivers.append(rows_per_s("driver-ceiling"))
+        finally:
+            server.stop()
+        ceiling = statistics.median(rows_per_s("ceiling") for _ in range(CEILING_ROUNDS))
         # Informative: on PostgreSQL the server commits from several connections at once.
         if kind == "postgres":
-            writers = rows_per_s("driver-ceiling", "--writers", str(INGEST_RUNNERS))
+            writers = statistics.median(
+                rows_per_s("driver-ceiling", "--writers", str(INGEST_RUNNERS))
+                for _ in range(CEILING_ROUNDS)
+            )
     finally:
         db.close()
+    rate, driver = statistics.median(rates), statistics.median(drivers)
+    pairs = [round(r / d, 3) for r, d in zip(rates, drivers, strict=True)]
     results[f"ingest_{kind}_events_per_s"] = round(rate)
     results[f"ingest_{kind}_ceiling_rows_per_s"] = round(ceiling)
     results[f"ingest_{kind}_ratio"] = round(rate / ceiling, 3)
     results[f"ingest_{kind}_driver_ceiling_rows_per_s"] = round(driver)
-    results[f"ingest_{kind}_driver_ratio"] = round(rate / driver, 3)
+    results[f"ingest_{kind}_driver_ratio"] = statistics.median(pairs)
+    results[f"ingest_{kind}_driver_ratio_rounds"] = pairs
     if kind == "postgres":
         results[f"ingest_{kind}_driver_ceiling_{INGEST_RUNNERS}_writers_rows_per_s"] = round(
             writers
