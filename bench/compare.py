@@ -120,8 +120,17 @@ def main(argv: list[str]) -> int:
         return 2
     runs = [json.loads(Path(path).read_text()) for path in argv]
     for path, run in zip(argv, runs, strict=True):
-        calibration = {k: v for k, v in run.items() if k.startswith("calibration_")}
+        calibration = {
+            k: v
+            for k, v in run.items()
+            if k.startswith("calibration_") and k not in ("calibration_steps",)
+        }
         print(f"{path}: {run.get('machine', '?')} at {run.get('commit', '?')}; {calibration}")
+        if run.get("calibration_loop_spread", 1.0) > AGREE_WITHIN:
+            print(
+                f"note: {path}'s loop wandered {run['calibration_loop_spread']}x within the run;"
+                " figures apart may be that machine's own unsteadiness"
+            )
     rows = compare(*runs)
     if not rows:
         print("no live-path figure in both runs")

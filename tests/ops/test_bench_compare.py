@@ -87,6 +87,14 @@ def test_it_holds_a_figure_to_the_loop_measured_around_its_own_step():
     assert apart["push_p99_ms"] == 2.0  # 2x at the same speed: disagrees
 
 
+def test_it_says_when_a_runs_machine_wandered_more_than_the_agreement_allows(tmp_path, capsys):
+    steady = _run(loop_ms=80, pg_ms=0.3, push_p99_ms=20, stored_per_s=8000)
+    wandering = {**steady, "calibration_loop_spread": 2.05}
+    _main(tmp_path, steady, wandering)
+    out = capsys.readouterr().out
+    assert out.count("wandered") == 1 and "2.05x" in out
+
+
 def test_it_agrees_on_latencies_a_millisecond_apart_whatever_their_ratio():
     first = _calibrated(80, 0.3, fleet_a_after_answer_p50_ms=-0.4, fleet_b_after_answer_p50_ms=0.5)
     second = _calibrated(80, 0.3, fleet_a_after_answer_p50_ms=0.5, fleet_b_after_answer_p50_ms=2.0)
