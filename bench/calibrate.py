@@ -1,8 +1,8 @@
 """What the machine the bench runs on can do, measured before the figures (issue 39): two runs
 on two machines of one kind are compared through these, not through wall-clock figures alone.
 
-Each is measured before the first step, after every step and after the last, and the median
-of those samples kept; the loop's samples and their spread (slowest over fastest) are kept too
+Each is measured before the first step and after every step, and the median of those samples
+kept; the loop's samples and their spread (slowest over fastest) are kept too
 (``calibration_loop_ms_samples``, ``calibration_loop_spread``). A VM's speed wanders: on one
 Intel VM the loop read 121 ms before the first step and after the last, and 90-108 ms in the
 minutes between, so two samples at the ends stood for the machine no better than one.

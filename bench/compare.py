@@ -123,7 +123,7 @@ def main(argv: list[str]) -> int:
         calibration = {
             k: v
             for k, v in run.items()
-            if k.startswith("calibration_") and k not in ("calibration_steps",)
+            if k.startswith("calibration_") and k != "calibration_steps"
         }
         print(f"{path}: {run.get('machine', '?')} at {run.get('commit', '?')}; {calibration}")
         if run.get("calibration_loop_spread", 1.0) > AGREE_WITHIN:
