@@ -25,11 +25,15 @@ class _DuplicateKey(ValueError):
 
 
 def _refuse_duplicates(pairs):
-    obj = {}
-    for key, value in pairs:
-        if key in obj:
-            raise _DuplicateKey(key)
-        obj[key] = value
+    # dict() in C, and a key-by-key walk only when it came out short: a frame of a hundred
+    # events decodes in half the time of a walk over every pair (issue 39).
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen = set()
+        for key, _value in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
     return obj
 
 
