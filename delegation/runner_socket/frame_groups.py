@@ -6,7 +6,8 @@ in order. Meanwhile the frames other sockets hand in wait, and go together into 
 transaction: one thread hop, one lock statement, one ``COPY``, one commit and one round of
 doorbells for all of them, each frame still answered on its own
 (``streams.append_event_frames_of``). Nothing waits to fill a group: a frame that finds no
-commit in progress goes at once.
+commit in progress goes at once. The database thread takes the next group itself while frames
+wait (``FrameGroups._drain``), for up to DRAIN_SECONDS a call.
 """
 
 from __future__ import annotations
@@ -139,8 +140,6 @@ class FrameGroups:
                     hold.released = True
                     self.committing -= 1
                     return False
-                if time.monotonic() > deadline:
-                    return True
                 batch = self._take()
             try:
                 answers, bells = _commit([(c, f) for c, f, _ in batch])
@@ -148,6 +147,8 @@ class FrameGroups:
             except Exception as exc:  # every socket waiting on this commit hears it
                 answers, bells, failure = None, {}, exc
             asyncio.run_coroutine_threadsafe(_answer(batch, answers, bells, failure), loop)
+            if time.monotonic() >= deadline:
+                return True  # at least one group a call, however short DRAIN_SECONDS is
 
     def _take(self) -> list:
         """The waiting calls, oldest first, up to RUN_EVENT_GROUP_MAX frames in all (a call

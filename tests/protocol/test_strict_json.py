@@ -15,13 +15,15 @@ from hypothesis import strategies as st
 from delegation.errors import PARSE_ERROR, RpcError
 from delegation.wire import loads_strict
 
-keys = st.text(alphabet="abcdé\"\\ ", min_size=0, max_size=4)
+keys = st.text(alphabet='abcdé"\\ ', min_size=0, max_size=4)
 scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=5)
 # Objects as lists of pairs, so a key may repeat; rendered by hand below.
 values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=4).map(lambda items: ("list", items))
-    | st.lists(st.tuples(keys, inner), max_size=5).map(lambda pairs: ("object", pairs)),
+    lambda inner: (
+        st.lists(inner, max_size=4).map(lambda items: ("list", items))
+        | st.lists(st.tuples(keys, inner), max_size=5).map(lambda pairs: ("object", pairs))
+    ),
     max_leaves=30,
 )
 
