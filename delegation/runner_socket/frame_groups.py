@@ -90,9 +90,8 @@ def _commits_at_once() -> int:
 class FrameGroups:
     def __init__(self):
         self.waiting: list[tuple[Connection, list, asyncio.Future]] = []
-        self.committing = 0
-        # The loop appends and the committing database thread takes: both under this lock,
-        # which is also what hands the commit over (``_drain``).
+        self.committing = 0  # touched on the loop only
+        # The loop appends and the committing database thread takes, under this lock.
         self.lock = threading.Lock()
 
     async def append(self, conn: Connection, raw_frames: list) -> tuple[list, list]:
@@ -101,45 +100,41 @@ class FrameGroups:
         future = asyncio.get_running_loop().create_future()
         with self.lock:
             self.waiting.append((conn, raw_frames, future))
-            start = self.committing < _commits_at_once()
-            if start:
-                self.committing += 1
-        if start:
+        if self.committing < _commits_at_once():
+            self.committing += 1
             asyncio.ensure_future(self._commit_waiting())
         return await future
 
     async def _commit_waiting(self):
         loop = asyncio.get_running_loop()
-        hold = _Hold()
         try:
-            while await on_database(self._drain)(loop, hold):
-                pass  # it held the thread long enough: others' calls go first, then on
-        except Exception as exc:  # outside any group (each group's own failure is answered)
-            log.exception("the group commit of run.event frames failed")
-            with self.lock:
-                if hold.released:
-                    return
-                hold.released = True
-                self.committing -= 1
-                stranded, self.waiting = self.waiting, []
-            for _conn, _frames, future in stranded:  # every socket waiting hears it
-                if not future.done():
-                    future.set_exception(exc)
+            # Checked on the loop, where frames are appended: none can slip in between the
+            # last check and the release below.
+            while self.waiting:
+                try:
+                    await on_database(self._drain)(loop)
+                except Exception as exc:  # outside any group (a group's own is answered)
+                    log.exception("the group commit of run.event frames failed")
+                    with self.lock:
+                        stranded, self.waiting = self.waiting, []
+                    for _conn, _frames, future in stranded:  # every socket waiting hears it
+                        if not future.done():
+                            future.set_exception(exc)
+        finally:
+            self.committing -= 1
 
-    def _drain(self, loop, hold: _Hold) -> bool:
+    def _drain(self, loop) -> None:
         """On the database thread: group after group while frames wait, each group's answers
         handed to the loop as soon as it is committed, so the next group starts without a
         thread hop there and back (issue 39: ingest from 4 runners 1.07x on SQLite, 1.12x on
-        PostgreSQL). False once nothing waits (the commit is let go of); True after
-        DRAIN_SECONDS with frames still waiting, so the thread's other calls (on SQLite, one
-        thread serves them all) wait behind a few groups at most, not behind a steady stream."""
+        PostgreSQL). Back to the loop once nothing waits, or after DRAIN_SECONDS, so the
+        thread's other calls (on SQLite, one thread serves them all) wait behind a few groups
+        at most, not behind a steady stream."""
         deadline = time.monotonic() + DRAIN_SECONDS
         while True:
             with self.lock:
                 if not self.waiting:
-                    hold.released = True
-                    self.committing -= 1
-                    return False
+                    return
                 batch = self._take()
             try:
                 answers, bells = _commit([(c, f) for c, f, _ in batch])
@@ -148,7 +143,7 @@ class FrameGroups:
                 answers, bells, failure = None, {}, exc
             asyncio.run_coroutine_threadsafe(_answer(batch, answers, bells, failure), loop)
             if time.monotonic() >= deadline:
-                return True  # at least one group a call, however short DRAIN_SECONDS is
+                return  # at least one group a call, however short DRAIN_SECONDS is
 
     def _take(self) -> list:
         """The waiting calls, oldest first, up to RUN_EVENT_GROUP_MAX frames in all (a call
@@ -160,12 +155,6 @@ class FrameGroups:
             batch.append(entry)
             frames += len(entry[1])
         return batch
-
-
-class _Hold:
-    """Whether a commit task has let go of its place in ``committing``."""
-
-    released = False
 
 
 async def _answer(batch: list, answers: list | None, bells: dict, failure: Exception | None):

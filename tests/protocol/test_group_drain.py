@@ -31,10 +31,10 @@ def groups_per_call(monkeypatch) -> list[list[int]]:
     here = threading.local()
     real_drain, real_commit = frame_groups.FrameGroups._drain, frame_groups._commit
 
-    def drain(self, loop, hold):
+    def drain(self, loop):
         here.groups = []
         calls.append(here.groups)
-        return real_drain(self, loop, hold)
+        return real_drain(self, loop)
 
     def commit(batch):
         if not any(calls[:-1]) and not here.groups:
