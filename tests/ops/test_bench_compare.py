@@ -51,6 +51,29 @@ def test_it_names_a_figure_that_disagrees(tmp_path, capsys):
     assert "1 of 2 agree" in out
 
 
+def test_it_reports_the_baselines_without_holding_them(tmp_path, capsys):
+    # Per-socket fan-out, a commit per frame, a keep-alive timer per socket: paths measured
+    # beside the live path to show what it gained; a deployment runs none of them by default.
+    baselines = (
+        "fleet_2p_20w_200r_socket_pubsub_push_p50_ms",
+        "fleet_4p_200w_50r_socket_push_p99_ms",
+        "fleet10k_1s_50r_1p_ungrouped_answer_p99_ms",
+        "fleet10k_1000s_10r_2p_socket_keepalive_answer_p99_ms",
+    )
+    first = _run(loop_ms=80, pg_ms=0.3, push_p99_ms=20, stored_per_s=8000)
+    second = _run(loop_ms=80, pg_ms=0.3, push_p99_ms=20, stored_per_s=8000)
+    for key in baselines:
+        first[key], second[key] = 10.0, 40.0
+    assert _main(tmp_path, first, second) == 0
+    out = capsys.readouterr().out
+    assert out.count("DISAGREE  (baseline, not held)") == 4
+    assert "2 of 2 agree" in out and "4 baseline figures not held, 4 of them apart" in out
+    # The default path apart still fails the comparison, baselines or not.
+    second["fleet_1p_20w_200r_process_push_p99_ms"] = 61
+    assert _main(tmp_path, first, second) == 1
+    assert "1 of 2 agree" in capsys.readouterr().out
+
+
 def _calibrated(loop_ms: float, pg_ms: float, **figures) -> dict:
     return {"calibration_loop_ms": loop_ms, "calibration_postgres_commit_ms": pg_ms, **figures}
 
@@ -104,7 +127,7 @@ def test_it_agrees_on_latencies_a_millisecond_apart_whatever_their_ratio():
 
 
 def test_it_holds_a_saturated_step_to_its_throughput(tmp_path, capsys):
-    step = "fleet_2p_20w_200r_process_ungrouped_"
+    step = "fleet_4p_200w_200r_process_"
     phase = "fleet10k_1000s_10r_2p_"
     first = _calibrated(80, 0.3, **{
         f"{step}saturated": False, f"{step}push_p99_ms": 30.0, f"{step}answered_per_s": 199.0,
