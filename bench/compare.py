@@ -6,7 +6,9 @@ python -m bench.compare bench/records/A.json bench.json      # exit 1 if any fig
 Each figure is held to the range the two runs' calibrations expect: a latency is CPU time plus
 round trips, so one machine's over the other's lies between their loop ratio and their
 PostgreSQL commit ratio (``expected``); a rate, the inverse. A figure agrees when its ratio is
-within 1.5x of that range. Only the live path's figures (push, fleet, engines, approvals),
+within 1.5x of that range; the column ``cpu`` beside it gives the figure's step's CPU time
+per unit of work, second over first (``step_cost_ratio``), for reading, not for the verdict.
+Only the live path's figures (push, fleet, engines, approvals),
 and only those both runs have. The bench's baselines (``BASELINES``: paths a deployment does
 not run, measured beside the live path to show what it gained) are printed with their ratio
 but not held: the exit status is the live path's alone.
@@ -97,6 +99,24 @@ def saturated_in_either(first: dict, second: dict, key: str) -> bool:
     return False
 
 
+def step_cost_ratio(first: dict, second: dict, key: str) -> float | None:
+    """The second run's CPU time per unit of work over the first's, in the step ``key``
+    belongs to (a fleet step's CPU per 1,000 deliveries, a 1,000-socket phase's inverse of
+    events stored per serving CPU second), or None. Printed beside each figure, not held: on
+    the same code it is how much dearer the machine made the step's own work while it ran,
+    which the calibration's loop, hot in the cache, can miss (issue 39: one EPYC VM spent
+    127-179 ms of CPU per 1,000 deliveries where another spent 103-109, at the same loop)."""
+    owners = [prefix for prefix in steps(first) if key.startswith(prefix)]
+    if not owners:
+        return None
+    prefix = max(owners, key=len)
+    for name, inverse in (("cpu_ms_per_1000_delivered", False), ("stored_per_serving_cpu_s", True)):
+        a, b = first.get(prefix + name), second.get(prefix + name)
+        if isinstance(a, int | float) and isinstance(b, int | float) and a > 0 and b > 0:
+            return a / b if inverse else b / a
+    return None
+
+
 def compare(first: dict, second: dict) -> list[tuple[str, float, float, float]]:
     """(key, first, second, apart) for every figure both runs have and hold to each other,
     worst first: ``apart`` is how far the second's ratio to the first lies outside the range
@@ -147,11 +167,13 @@ def main(argv: list[str]) -> int:
         return 1
     low, high = expected(*runs, "_ms")
     print(f"the calibration expects the second's latencies {low:.2f}-{high:.2f}x the first's")
-    print(f"{'figure':60} {'first':>10} {'second':>10} {'apart':>6}")
+    print(f"{'figure':60} {'first':>10} {'second':>10} {'apart':>6} {'cpu':>5}")
     for key, first, second, ratio in rows:
         verdict = "" if ratio <= AGREE_WITHIN else "  DISAGREE"
         verdict += "  (baseline, not held)" if is_baseline(key) else ""
-        print(f"{key:60} {first:10.2f} {second:10.2f} {ratio:6.2f}{verdict}")
+        cost = step_cost_ratio(*runs, key)
+        cost_text = "" if cost is None else f"{cost:5.2f}"
+        print(f"{key:60} {first:10.2f} {second:10.2f} {ratio:6.2f} {cost_text:>5}{verdict}")
     held = [row for row in rows if not is_baseline(row[0])]
     apart = [row for row in held if row[3] > AGREE_WITHIN]
     saturated = held_to_throughput(*runs)

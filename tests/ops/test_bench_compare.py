@@ -74,6 +74,30 @@ def test_it_reports_the_baselines_without_holding_them(tmp_path, capsys):
     assert "1 of 2 agree" in capsys.readouterr().out
 
 
+def test_it_prints_how_much_dearer_each_figures_step_made_its_own_work(tmp_path, capsys):
+    step, phase = "fleet_1p_20w_200r_process_", "fleet10k_1000s_10r_2p_"
+    first = _calibrated(80, 0.3, **{
+        f"{step}saturated": False, f"{step}push_p99_ms": 10.0,
+        f"{step}cpu_ms_per_1000_delivered": 100.0,
+        f"{phase}saturated": False, f"{phase}events_stored_per_s": 8000.0,
+        f"{phase}stored_per_serving_cpu_s": 5000.0,
+    })  # fmt: skip
+    second = _calibrated(80, 0.3, **{
+        f"{step}saturated": False, f"{step}push_p99_ms": 20.0,
+        f"{step}cpu_ms_per_1000_delivered": 160.0,
+        f"{phase}saturated": False, f"{phase}events_stored_per_s": 8000.0,
+        f"{phase}stored_per_serving_cpu_s": 4000.0,
+    })  # fmt: skip
+    assert compare.step_cost_ratio(first, second, f"{step}push_p99_ms") == 1.6
+    # Events per CPU second is the inverse of a cost: fewer of them, dearer work.
+    assert compare.step_cost_ratio(first, second, f"{phase}events_stored_per_s") == 1.25
+    assert compare.step_cost_ratio(first, second, "engines_sqlite_latency_p99_ms") is None
+    # Printed beside the figure; the verdict stays the calibration's.
+    assert _main(tmp_path, first, second) == 1
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith(f"{step}push"))
+    assert line.split()[1:5] == ["10.00", "20.00", "2.00", "1.60"] and "DISAGREE" in line
+
+
 def _calibrated(loop_ms: float, pg_ms: float, **figures) -> dict:
     return {"calibration_loop_ms": loop_ms, "calibration_postgres_commit_ms": pg_ms, **figures}
 
