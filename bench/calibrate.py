@@ -14,8 +14,12 @@ minutes between, so two samples at the ends stood for the machine no better than
   sleep wakes, p99): the machine's tail, recorded beside the figures' p99s. Two EPYC VMs with
   the same loop and round trips (within 5 %) differed 1.5-1.8x in some p99 latencies; these
   are kept so the next comparison can tell a jittery machine from a slower build;
-- ``calibration_load_1m`` / ``calibration_steal_pct``: the load average and the share of CPU
-  time the hypervisor took (``/proc/stat`` steal) over the whole bench run, read at its end.
+- ``calibration_load_1m_before``: the 1-minute load average before the first step, what else
+  the machine was doing as the bench began (a run started on a busy machine says so here);
+- ``calibration_load_1m``: the same read at the end, right after the 1,000-socket step has kept
+  every core busy: on 2 cores 4-6 is the bench's own load, not another program's;
+- ``calibration_steal_pct``: the share of CPU time the hypervisor took (``/proc/stat`` steal)
+  over the whole bench run.
 
 ``normalise`` then gives every latency figure (``*_ms``) as a multiple of the round trip it
 stands on — PostgreSQL for ingest, push and fleet figures, the loop for the rest — in
@@ -125,9 +129,14 @@ def _measure_all() -> None:
         results["calibration_loop_spread"] = round(max(loop) / min(loop), 2)
 
 
+def _load_1m() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
 def calibrate() -> None:
     """The machine's round trips, measured first; the load and steal clocks start here."""
     _start["cpu"] = _cpu_times()
+    results["calibration_load_1m_before"] = _load_1m()
     _measure_all()
 
 
@@ -155,10 +164,9 @@ def step_loop_ms(run: dict, key: str) -> float | None:
 
 
 def finish() -> None:
-    """The load and the CPU steal over the run (the last sample came after the last step),
-    then every latency figure normalised."""
-    load = Path("/proc/loadavg").read_text().split()
-    results["calibration_load_1m"] = float(load[0])
+    """The load as the run ends and the CPU steal over the run (the last sample came after
+    the last step), then every latency figure normalised."""
+    results["calibration_load_1m"] = _load_1m()
     if "cpu" in _start:
         total0, steal0 = _start["cpu"]
         total1, steal1 = _cpu_times()

@@ -217,6 +217,8 @@ def test_it_keeps_the_median_of_the_calibrations_taken_around_every_step(monkeyp
     monkeypatch.setattr(calibrate, "_postgres_commit_ms", lambda: next(commits))
     monkeypatch.setattr(calibrate, "_redis_rtt_ms", lambda: 0.05)
     monkeypatch.setattr(calibrate, "_wakeup_p99_ms", lambda: next(wakeups))
+    loads = iter([0.4, 5.1])  # before the first step; after the last (the bench's own)
+    monkeypatch.setattr(calibrate, "_load_1m", lambda: next(loads))
     monkeypatch.setattr(calibrate, "_start", {})
     monkeypatch.setattr(calibrate, "_samples", {})
     saved = dict(results)
@@ -244,6 +246,8 @@ def test_it_keeps_the_median_of_the_calibrations_taken_around_every_step(monkeyp
         # Each figure on its own: the tail's median is of the tails, not of one measurement's.
         assert results["calibration_postgres_commit_p99_ms"] == 0.8
         assert results["calibration_wakeup_p99_ms"] == 0.16
+        assert results["calibration_load_1m_before"] == 0.4
+        assert results["calibration_load_1m"] == 5.1
     finally:
         results.clear()
         results.update(saved)
