@@ -8,10 +8,10 @@ round trips, so one machine's over the other's lies between their loop ratio and
 PostgreSQL commit ratio (``expected``); a rate, the inverse. A figure agrees when its ratio is
 within 1.5x of that range; the column ``cpu`` beside it gives the figure's step's CPU time
 per unit of work, second over first (``step_cost_ratio``), for reading, not for the verdict.
-Only the live path's figures (push, fleet, engines, approvals),
-and only those both runs have. The bench's baselines (``BASELINES``: paths a deployment does
-not run, measured beside the live path to show what it gained) are printed with their ratio
-but not held: the exit status is the live path's alone.
+Only the live path's figures (push, fleet, engines, approvals), and only those both runs
+have. The bench's baselines (``BASELINES``: paths a deployment does not run, measured beside
+the live path to show what it gained) are printed with their ratio but not held: the exit
+status is the live path's alone.
 
 Two latencies agree whatever their ratio when they are at most RESOLUTION_MS apart in wall
 time. A step that ran over capacity in either run (its ``*_saturated`` figure) is held to its
@@ -176,15 +176,14 @@ def main(argv: list[str]) -> int:
         print(f"{key:60} {first:10.2f} {second:10.2f} {ratio:6.2f} {cost_text:>5}{verdict}")
     held = [row for row in rows if not is_baseline(row[0])]
     apart = [row for row in held if row[3] > AGREE_WITHIN]
+    baselines_apart = [row for row in rows if is_baseline(row[0]) and row[3] > AGREE_WITHIN]
     saturated = held_to_throughput(*runs)
     for key in saturated:
         print(f"{key:60} saturated: held to its step's throughput")
-    baselines = len(rows) - len(held)
-    baselines_apart = sum(1 for row in rows if is_baseline(row[0]) and row[3] > AGREE_WITHIN)
     print(
         f"{len(held) - len(apart)} of {len(held)} agree within {AGREE_WITHIN}x"
         f" ({len(saturated)} latencies of saturated steps held to their throughput;"
-        f" {baselines} baseline figures not held, {baselines_apart} of them apart)"
+        f" {len(rows) - len(held)} baseline figures not held, {len(baselines_apart)} of them apart)"
     )
     return 1 if apart else 0
 

@@ -82,12 +82,12 @@ def test_it_prints_how_much_dearer_each_figures_step_made_its_own_work(tmp_path,
         f"{phase}saturated": False, f"{phase}events_stored_per_s": 8000.0,
         f"{phase}stored_per_serving_cpu_s": 5000.0,
     })  # fmt: skip
-    second = _calibrated(80, 0.3, **{
-        f"{step}saturated": False, f"{step}push_p99_ms": 20.0,
+    second = {
+        **first,
+        f"{step}push_p99_ms": 20.0,
         f"{step}cpu_ms_per_1000_delivered": 160.0,
-        f"{phase}saturated": False, f"{phase}events_stored_per_s": 8000.0,
         f"{phase}stored_per_serving_cpu_s": 4000.0,
-    })  # fmt: skip
+    }
     assert compare.step_cost_ratio(first, second, f"{step}push_p99_ms") == 1.6
     # Events per CPU second is the inverse of a cost: fewer of them, dearer work.
     assert compare.step_cost_ratio(first, second, f"{phase}events_stored_per_s") == 1.25
