@@ -52,6 +52,38 @@ async def _race(url: str, tokens: list[str], prepare, send=None) -> float:
     return len(tokens) * INGEST_FRAMES * INGEST_BATCH / (time.perf_counter() - started)
 
 
+def on_off_rounds(rounds: int, round_, *, name: str, on: dict, off: dict) -> dict[str, list]:
+    """Events per second of ``rounds`` rounds ``round_(url, tokens, tag)`` on each of two
+    servers, one with the ``on`` settings and one with the ``off``, alternating (off first,
+    then on first) so a machine slowing down over the step slows both sides of a ratio.
+
+    Each server has a SQLite file of its own, as a deployment on SQLite is one process. On one
+    shared file the idle server's upkeep (a sweep a second, the export sender's claim) took
+    the write lock while the busy one committed, and each waited in SQLite's busy handler,
+    which sleeps 1, 2, 5, 10 ms and on before it tries again (issue 39: the sender's claim
+    spent 0.43 s of five rounds there beside an idle server, 0.02 s alone)."""
+    dbs, servers = {}, {}
+    try:
+        for tag in ("on", "off"):
+            dbs[tag] = Database("sqlite")
+        tokens = {
+            tag: [db.runner_token(f"{name}-{i}") for i in range(INGEST_RUNNERS)]
+            for tag, db in dbs.items()
+        }
+        servers["on"], servers["off"] = Server(dbs["on"], **on), Server(dbs["off"], **off)
+        rates = {"on": [], "off": []}
+        for index in range(rounds):
+            for tag in ("off", "on") if index % 2 == 0 else ("on", "off"):
+                url = servers[tag].ws
+                rates[tag].append(asyncio.run(round_(url, tokens[tag], f"{tag}{index}")))
+    finally:
+        for server in servers.values():
+            server.stop()
+        for db in dbs.values():
+            db.close()
+    return rates
+
+
 async def _ingest_round(url: str, tokens: list[str], round_: int) -> float:
     async def prepare(index: int, runner: Runner):
         await runner.register()
@@ -159,22 +191,9 @@ async def _rollup_round(url: str, tokens: list[str], tag: str) -> float:
 
 
 def ingest_rollups():
-    db = Database("sqlite")
-    servers = {}
-    try:
-        tokens = [db.runner_token(f"rollup-{i}") for i in range(INGEST_RUNNERS)]
-        servers["on"] = Server(db)
-        servers["off"] = Server(db, ROLLUPS_ENABLED="false")
-        rates = {"on": [], "off": []}
-        for round_ in range(ROLLUP_ROUNDS):
-            order = ("off", "on") if round_ % 2 == 0 else ("on", "off")
-            for tag in order:
-                rate = asyncio.run(_rollup_round(servers[tag].ws, tokens, f"{tag}{round_}"))
-                rates[tag].append(rate)
-    finally:
-        for server in servers.values():
-            server.stop()
-        db.close()
+    rates = on_off_rounds(
+        ROLLUP_ROUNDS, _rollup_round, name="rollup", on={}, off={"ROLLUPS_ENABLED": "false"}
+    )
     on, off = statistics.median(rates["on"]), statistics.median(rates["off"])
     results["ingest_sqlite_rollup_events_per_s"] = round(on)
     results["ingest_sqlite_no_rollup_events_per_s"] = round(off)

@@ -4,13 +4,12 @@ receiver and to one with export off, alternating rounds on one database."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import statistics
 
-from bench.ingest import INGEST_BATCH, INGEST_FRAMES, INGEST_RUNNERS, _race
+from bench.ingest import INGEST_BATCH, INGEST_FRAMES, INGEST_RUNNERS, _race, on_off_rounds
 from bench.rpc import TEXT, Runner
-from bench.servers import Database, Server
+from bench.servers import Database
 from bench.table import notes, results
 from tests.support.otlp_receiver import OtlpReceiver
 
@@ -76,25 +75,14 @@ class _Rotating:
 
 def ingest_ratio():
     receiver = OtlpReceiver().start()
-    db = Database("sqlite")
-    servers = {}
     try:
-        tokens = [db.runner_token(f"trace-{i}") for i in range(INGEST_RUNNERS)]
         # The upkeep loop (the sender's pass) at its default interval, as deployed. Rounds of
         # under a second once needed 0.2 s to export during a round at all; rounds now last
         # 2-3 s, and 0.2 s measured five passes' fixed cost a second (0.92-0.94 against
         # 0.96-0.98 at the default, alternating runs here).
-        servers["on"] = Server(db, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.url)
-        servers["off"] = Server(db)
-        rates = {"on": [], "off": []}
-        for round_ in range(TRACE_ROUNDS):
-            order = ("off", "on") if round_ % 2 == 0 else ("on", "off")
-            for tag in order:
-                rates[tag].append(asyncio.run(_round(servers[tag].ws, tokens, f"{tag}{round_}")))
+        exporting = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.url}
+        rates = on_off_rounds(TRACE_ROUNDS, _round, name="trace", on=exporting, off={})
     finally:
-        for server in servers.values():
-            server.stop()
-        db.close()
         receiver.stop()
     on, off = statistics.median(rates["on"]), statistics.median(rates["off"])
     ratios = [a / b for a, b in zip(rates["on"], rates["off"], strict=True)]
