@@ -86,35 +86,43 @@ def steps(run: dict) -> dict[str, bool]:
     }
 
 
-def saturated_in_either(first: dict, second: dict, key: str) -> bool:
-    """Whether ``key`` is a latency of a step that saturated in either run: its step is the
+def saturated_in(run: dict, key: str) -> bool:
+    """Whether ``key`` is a latency of a step that saturated in ``run``: its step is the
     longest prefix that names one (a ramp's steps lie under the phase's own prefix)."""
     if not key.endswith("_ms"):
         return False
-    for run in (first, second):
-        found = steps(run)
-        owners = [prefix for prefix in found if key.startswith(prefix)]
-        if owners and found[max(owners, key=len)]:
-            return True
-    return False
+    found = steps(run)
+    owners = [prefix for prefix in found if key.startswith(prefix)]
+    return bool(owners) and found[max(owners, key=len)]
 
 
-def step_cost_ratio(first: dict, second: dict, key: str) -> float | None:
-    """The second run's CPU time per unit of work over the first's, in the step ``key``
-    belongs to (a fleet step's CPU per 1,000 deliveries, a 1,000-socket phase's inverse of
-    events stored per serving CPU second), or None. Printed beside each figure, not held: on
-    the same code it is how much dearer the machine made the step's own work while it ran,
-    which the calibration's loop, hot in the cache, can miss (issue 39: one EPYC VM spent
-    127-179 ms of CPU per 1,000 deliveries where another spent 103-109, at the same loop)."""
-    owners = [prefix for prefix in steps(first) if key.startswith(prefix)]
+def saturated_in_either(first: dict, second: dict, key: str) -> bool:
+    return saturated_in(first, key) or saturated_in(second, key)
+
+
+def step_cost(run: dict, key: str) -> float | None:
+    """CPU time per unit of work in the step ``key`` belongs to: a fleet step's CPU per 1,000
+    deliveries, a 1,000-socket phase's inverse of events stored per serving CPU second; or
+    None."""
+    owners = [prefix for prefix in steps(run) if key.startswith(prefix)]
     if not owners:
         return None
     prefix = max(owners, key=len)
     for name, inverse in (("cpu_ms_per_1000_delivered", False), ("stored_per_serving_cpu_s", True)):
-        a, b = first.get(prefix + name), second.get(prefix + name)
-        if isinstance(a, int | float) and isinstance(b, int | float) and a > 0 and b > 0:
-            return a / b if inverse else b / a
+        value = run.get(prefix + name)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return 1 / value if inverse else value
     return None
+
+
+def step_cost_ratio(first: dict, second: dict, key: str) -> float | None:
+    """The second run's ``step_cost`` over the first's, or None. Printed beside each figure,
+    not held: on the same code it is how much dearer the machine made the step's own work
+    while it ran, which the calibration's loop, hot in the cache, can miss (issue 39: one EPYC
+    VM spent 127-179 ms of CPU per 1,000 deliveries where another spent 103-109, at the same
+    loop)."""
+    a, b = step_cost(first, key), step_cost(second, key)
+    return b / a if a and b else None
 
 
 def compare(first: dict, second: dict) -> list[tuple[str, float, float, float]]:
