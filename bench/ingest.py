@@ -145,7 +145,7 @@ def ingest(kind: str):
 # Frames of INGEST_BATCH events, one in ROLLUP_USAGE_EVERY a usage event (an agent reports one
 # per model turn), written by runs two levels down a tree, so each frame's usage goes up a
 # chain of three rollup rows. The same frames go to a server with ROLLUPS_ENABLED=false (the
-# setting exists for this comparison only), alternating rounds on one database.
+# setting exists for this comparison only), alternating rounds (``on_off_rounds``).
 ROLLUP_EXTENSION = {"extensionId": "bench", "generation": 1, "presets": [{"name": "worker"}]}
 ROLLUP_USAGE_EVERY = 20
 ROLLUP_ROUNDS = 3

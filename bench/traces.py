@@ -1,6 +1,6 @@
 """Trace export (issue 27): export throughput for a 10,000-run tree, and what export costs
 ingest: the same frames, runs ending as they go, to a server exporting to a live OTLP
-receiver and to one with export off, alternating rounds on one database."""
+receiver and to one with export off, alternating rounds (``bench.ingest.on_off_rounds``)."""
 
 from __future__ import annotations
 
