@@ -86,14 +86,17 @@ def steps(run: dict) -> dict[str, bool]:
     }
 
 
+def step_of(run: dict, key: str) -> str | None:
+    """The prefix of the step ``key`` belongs to in ``run``: the longest that names one (a
+    ramp's steps lie under the phase's own prefix), or None."""
+    owners = [prefix for prefix in steps(run) if key.startswith(prefix)]
+    return max(owners, key=len) if owners else None
+
+
 def saturated_in(run: dict, key: str) -> bool:
-    """Whether ``key`` is a latency of a step that saturated in ``run``: its step is the
-    longest prefix that names one (a ramp's steps lie under the phase's own prefix)."""
-    if not key.endswith("_ms"):
-        return False
-    found = steps(run)
-    owners = [prefix for prefix in found if key.startswith(prefix)]
-    return bool(owners) and found[max(owners, key=len)]
+    """Whether ``key`` is a latency of a step that saturated in ``run``."""
+    prefix = step_of(run, key) if key.endswith("_ms") else None
+    return prefix is not None and run[prefix + "saturated"] is True
 
 
 def saturated_in_either(first: dict, second: dict, key: str) -> bool:
@@ -104,10 +107,9 @@ def step_cost(run: dict, key: str) -> float | None:
     """CPU time per unit of work in the step ``key`` belongs to: a fleet step's CPU per 1,000
     deliveries, a 1,000-socket phase's inverse of events stored per serving CPU second; or
     None."""
-    owners = [prefix for prefix in steps(run) if key.startswith(prefix)]
-    if not owners:
+    prefix = step_of(run, key)
+    if prefix is None:
         return None
-    prefix = max(owners, key=len)
     for name, inverse in (("cpu_ms_per_1000_delivered", False), ("stored_per_serving_cpu_s", True)):
         value = run.get(prefix + name)
         if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:

@@ -1,7 +1,7 @@
 """What a latency's spread over many runs follows (issue 39): the calibration, or the step's
 own cost? Read-only, over records of the same code on several machines.
 
-python -m bench.spread bench/records/2026-12-05-*.json bench.json
+python -m bench.spread bench/records/2026-12-05-{epyc-d,xeon-c,xeon-d}-2core-?.json
 
 For each default live-path latency (``bench.compare``'s figures, baselines and saturated
 steps left out) that at least MIN_RUNS runs have: its spread (largest over smallest), and
